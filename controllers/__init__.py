@@ -1,0 +1,1 @@
+"""Refresh controllers: decide when a RIFT cache rescores its history."""

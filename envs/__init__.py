@@ -1,0 +1,1 @@
+"""Gymnasium environments that wrap speculative decoding with RIFT caches."""

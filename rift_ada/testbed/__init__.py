@@ -1,0 +1,1 @@
+"""The built-in testbed: a BPE tokenizer and a target/draft pair trained on Python source, in HF format (assets/)."""

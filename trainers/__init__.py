@@ -1,0 +1,1 @@
+"""Trainers: controller training data and compressibility (LoRA) training of drafts."""

@@ -5,7 +5,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # tiny models: threads only add overhead
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +27,20 @@ def testbed_draft():
     from rift_ada.models import load_model
 
     return load_model("testbed-draft")
+
+
+def random_model(arch: str = "llama", vocab: int = 128, layers: int = 2, hidden: int = 64, heads: int = 4,
+                 kv_heads: int = 2, seed: int = 0, init: float = 0.2):
+    """A random-init causal LM with grouped-query attention. A large init makes logits peaked, so greedy decoding
+    has no near-ties that batched and step-wise matmuls could order differently."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    from rift_ada.attention import use_rift_attention  # noqa: F401  (registers the attention)
+
+    cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[arch]
+    cfg = cfg_cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
+                  max_position_embeddings=4096, initializer_range=init, tie_word_embeddings=False,
+                  attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    return model_cls(cfg).eval()

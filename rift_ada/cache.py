@@ -1,0 +1,250 @@
+"""RiftCache: the draft's compressed KV cache, a transformers ``Cache``.
+
+Per layer the *active* cache is one physically compact tensor ``[importance | tail]``:
+- importance: ``n_imp`` positions chosen per KV head by a scorer (heads may keep different positions);
+- tail: the most recent tokens, contiguous and shared by all heads (the sliding window, plus the tokens of the
+  round in flight).
+A *backing store* keeps the full history (optionally on another device) so a refresh can bring back any position.
+
+How it meets transformers 5.24's Cache contract (see shared/notes/BACKGROUND.md):
+- ``get_seq_length()`` is the absolute token count ``L``; RoPE is applied before ``update``, so stored keys keep their
+  rotation and callers always pass logical ``position_ids``.
+- ``get_mask_sizes(q) = (n_active + q, L - n_active)``: every stored entry is visible to every new query, and new
+  queries are causal among themselves. ``update`` returns exactly those ``n_active + q`` entries.
+- ``crop(-n)`` trims the physical tail. Eviction is lazy (``compact()``, called by the decoder after a round's
+  rollback), so a rollback never has to restore an evicted token.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from .policies import CachePolicy
+from .selection import gather_positions, top_positions
+
+
+class RiftLayer(CacheLayerMixin):
+    is_croppable = True
+    is_sliding = False
+
+    def __init__(self, keep_store: bool, store_device: str | torch.device | None, query_capacity: int):
+        super().__init__()
+        self.keep_store = keep_store
+        self.store_device = store_device
+        self.query_capacity = query_capacity
+        self.length = 0  # absolute tokens seen (logical length)
+        self.n_imp = 0
+        self.imp_pos: torch.Tensor | None = None  # (b, kv_heads, n_imp) absolute positions
+        self.store_k = self.store_v = None
+        self.queries: torch.Tensor | None = None  # (b, q_heads, nq, d), post-RoPE
+        self.query_pos: torch.Tensor | None = None  # (nq,)
+
+    # --- transformers Cache layer contract -------------------------------------------------------------------------
+    def lazy_initialization(self, key_states, value_states):
+        self.device, self.dtype = key_states.device, key_states.dtype
+        empty = key_states[:, :, :0]
+        self.keys, self.values = empty.clone(), value_states[:, :, :0].clone()
+        if self.keep_store:
+            dev = self.store_device or self.device
+            self.store_k, self.store_v = empty.to(dev).clone(), value_states[:, :, :0].to(dev).clone()
+        self.imp_pos = torch.empty(*key_states.shape[:2], 0, dtype=torch.long, device=self.device)
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys = torch.cat([self.keys, key_states], dim=-2)
+        self.values = torch.cat([self.values, value_states], dim=-2)
+        if self.keep_store:
+            self.store_k = torch.cat([self.store_k, key_states.to(self.store_k.device)], dim=-2)
+            self.store_v = torch.cat([self.store_v, value_states.to(self.store_v.device)], dim=-2)
+        self.length += key_states.shape[-2]
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        # Called before update(): self.keys holds the n_active stored entries.
+        stored = self.n_active
+        return stored + query_length, self.length - stored
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError("RiftLayer.crop takes a negative count of tokens to remove")
+        n = -tokens_to_remove
+        if n == 0 or not self.is_initialized:
+            return
+        if n > self.n_tail:
+            raise RuntimeError(f"cannot roll back {n} tokens: only {self.n_tail} recent tokens are in the tail "
+                               "(compact() must run only after a round's rollback)")
+        self.keys, self.values = self.keys[:, :, :-n], self.values[:, :, :-n]
+        if self.keep_store:
+            self.store_k, self.store_v = self.store_k[:, :, :-n], self.store_v[:, :, :-n]
+        self.length -= n
+        if self.queries is not None:
+            keep = self.query_pos < self.length
+            self.queries, self.query_pos = self.queries[:, :, keep], self.query_pos[keep]
+
+    def reset(self) -> None:
+        self.__init__(self.keep_store, self.store_device, self.query_capacity)
+
+    # --- RIFT ------------------------------------------------------------------------------------------------------
+    @property
+    def n_active(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    @property
+    def n_tail(self) -> int:
+        return self.n_active - self.n_imp
+
+    def active_positions(self) -> torch.Tensor:
+        """(b, kv_heads, n_active) absolute positions of the active entries."""
+        b, h = self.imp_pos.shape[:2]
+        tail = torch.arange(self.length - self.n_tail, self.length, device=self.imp_pos.device)
+        return torch.cat([self.imp_pos, tail.expand(b, h, -1)], dim=-1)
+
+    def observe(self, query: torch.Tensor, positions: torch.Tensor | None = None) -> None:
+        q = query.shape[2]
+        if positions is None:  # called after update(): the queries are the newest tokens
+            positions = torch.arange(self.length - q, self.length, device=query.device)
+        pos = positions.reshape(-1)[-q:].to(query.device)
+        if q >= self.query_capacity:
+            self.queries, self.query_pos = query[:, :, -self.query_capacity:].detach(), pos[-self.query_capacity:]
+        elif self.queries is None:
+            self.queries, self.query_pos = query.detach(), pos
+        else:  # trimmed in evict_tail(), after the round's rollback, so a rollback leaves no trace here either
+            self.queries = torch.cat([self.queries, query.detach()], dim=2)
+            self.query_pos = torch.cat([self.query_pos, pos])
+
+    def evict_tail(self, keep: int | None) -> None:
+        """Drop the oldest tail entries so at most ``keep`` remain (they stay in the backing store), and the oldest
+        observation queries beyond capacity. Runs after a round's rollback, never before."""
+        if self.queries is not None:
+            self.queries = self.queries[:, :, -self.query_capacity:]
+            self.query_pos = self.query_pos[-self.query_capacity:]
+        drop = 0 if keep is None else self.n_tail - keep
+        if drop > 0:
+            i = self.n_imp
+            self.keys = torch.cat([self.keys[:, :, :i], self.keys[:, :, i + drop:]], dim=-2)
+            self.values = torch.cat([self.values[:, :, :i], self.values[:, :, i + drop:]], dim=-2)
+
+    def reselect(self, scorer, n_imp: int, tail_keep: int, obs_window: int, history_k, history_v) -> torch.Tensor:
+        """Rebuild ``[importance | tail]`` from the full history: the last ``tail_keep`` tokens form the tail; the
+        best ``n_imp`` of the earlier positions (per KV head) form the importance part. Returns the scores."""
+        L = self.length
+        tail_keep = min(tail_keep, L)
+        positions = torch.arange(L, device=history_k.device)
+        if scorer.needs_queries:
+            if self.queries is None or self.queries.shape[2] == 0:
+                raise RuntimeError("no observation queries were recorded: the draft must run with rift attention "
+                                   "(rift_ada.attention.use_rift_attention) and rift_observer=<cache>")
+            q = self.queries[:, :, -obs_window:].to(history_k.device)
+            qp = self.query_pos[-obs_window:].to(history_k.device)
+        else:
+            q = qp = None
+        scores = scorer.score(q, history_k, qp, positions)
+        candidates = positions < L - tail_keep
+        pos = top_positions(scores, candidates, n_imp)
+        imp_k = gather_positions(history_k, pos).to(self.device, self.dtype)
+        imp_v = gather_positions(history_v, pos).to(self.device, self.dtype)
+        tail_k = history_k[:, :, L - tail_keep:].to(self.device, self.dtype)
+        tail_v = history_v[:, :, L - tail_keep:].to(self.device, self.dtype)
+        self.keys, self.values = torch.cat([imp_k, tail_k], dim=-2), torch.cat([imp_v, tail_v], dim=-2)
+        self.imp_pos, self.n_imp = pos.to(self.device), pos.shape[-1]
+        return scores
+
+
+class RiftCache(Cache):
+    """The draft's cache under a :class:`~rift_ada.policies.CachePolicy` (full, window, snapkv, rift-*)."""
+
+    def __init__(self, num_layers: int, policy: CachePolicy, store_device: str | torch.device | None = None,
+                 extra_queries: int = 64):
+        self.policy = policy
+        self.scorer = policy.make_scorer()
+        layers = [RiftLayer(policy.keeps_store, store_device, policy.obs_window + extra_queries)
+                  for _ in range(num_layers)]
+        super().__init__(layers=layers)
+        self.compressed = False
+        self.refreshes = 0
+        self._reference_queries: list[torch.Tensor] | None = None
+
+    # Called by rift_ada.attention for each layer of a forward that passes rift_observer=self.
+    def observe_queries(self, layer_idx: int, query: torch.Tensor, positions: torch.Tensor | None = None) -> None:
+        self.layers[layer_idx].observe(query, positions)
+
+    def load_from(self, cache: Cache) -> None:
+        """Take keys and values of a prefilled full cache (self-speculation: one prefill serves both models)."""
+        for layer, src in zip(self.layers, cache.layers):
+            layer.update(src.keys.clone(), src.values.clone())
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+    def compress(self) -> None:
+        """After prefill: select from the prompt and keep the policy's tail (a no-op for ``full``)."""
+        lay = self.policy.layout()
+        if lay.compress:
+            for layer in self.layers:
+                layer.reselect(self.scorer, lay.n_imp, lay.tail_keep, self.policy.obs_window, layer.keys,
+                               layer.values)
+        self.compressed = True
+        self._remember_queries()
+
+    def refresh(self) -> None:
+        """Rescore the whole history (prompt + generated tokens that left the window) from the backing store with the
+        most recent observation queries, and rebuild the importance part. The window is kept as it is."""
+        lay = self.policy.layout()
+        if not self.policy.keeps_store:
+            raise RuntimeError(f"policy {self.policy.name!r} keeps no backing store, so it cannot refresh")
+        for layer in self.layers:
+            layer.reselect(self.scorer, lay.n_imp, layer.n_tail, self.policy.obs_window, layer.store_k,
+                           layer.store_v)
+        self.refreshes += 1
+        self._remember_queries()
+
+    def compact(self) -> None:
+        """Evict tail tokens beyond the sliding window (call after each round's rollback)."""
+        keep = self.policy.layout().tail_limit
+        for layer in self.layers:
+            layer.evict_tail(keep)
+
+    # --- signals and accounting -----------------------------------------------------------------------------------
+    def _mean_queries(self) -> list[torch.Tensor] | None:
+        w = self.policy.obs_window
+        if any(layer.queries is None for layer in self.layers):
+            return None
+        return [torch.nn.functional.normalize(layer.queries[:, :, -w:].float().mean(2), dim=-1)
+                for layer in self.layers]
+
+    def _remember_queries(self) -> None:
+        self._reference_queries = self._mean_queries()
+
+    def query_drift(self) -> float:
+        """1 - cosine between the mean recent observation query and the one used at the last scoring, averaged over
+        layers and heads (0 = same queries; post-RoPE, so the fast-rotating dimensions mostly average out)."""
+        now, ref = self._mean_queries(), self._reference_queries
+        if now is None or ref is None:
+            return 0.0
+        cos = torch.stack([(a * b).sum(-1).mean() for a, b in zip(now, ref)]).mean()
+        return float(1.0 - cos)
+
+    def active_bytes(self) -> int:
+        return sum(l.keys.nbytes + l.values.nbytes for l in self.layers if l.is_initialized)
+
+    def store_bytes(self) -> int:
+        return sum(l.store_k.nbytes + l.store_v.nbytes for l in self.layers if l.is_initialized and l.keep_store)
+
+    def active_tokens(self) -> int:
+        return self.layers[0].n_active
+
+    def clone(self) -> "RiftCache":
+        """An independent copy (for counterfactual forks)."""
+        return copy.deepcopy(self)

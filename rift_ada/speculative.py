@@ -1,0 +1,261 @@
+"""Step-wise speculative decoding with a RIFT draft cache.
+
+``SpeculativeDecoder.reset(prompt)`` prefills both models; ``step(refresh)`` runs one round and returns a
+``RoundRecord``. ``generate()``, the evaluation CLI, the Gymnasium environment and the trainers all drive this one
+object, so there is exactly one implementation of a round.
+
+State between rounds: the target's cache holds every token except the last one emitted (``_t_pending``); the draft's
+cache holds every token except ``_d_pending`` (one token, or two after a round in which all k drafts were accepted,
+because the last draft token was never fed to the draft).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from .attention import use_rift_attention
+from .cache import RiftCache
+from .models import check_vocab
+from .policies import CachePolicy
+
+
+@dataclass
+class RoundRecord:
+    position: int  # tokens generated before this round
+    accepted: int  # draft tokens accepted
+    emitted: int  # tokens appended (accepted + 1, less any cut at EOS / max_new_tokens)
+    draft_length: int  # draft tokens proposed this round
+    refreshed: bool
+    tokens_since_refresh: int  # generated tokens since the last scoring, when the decision was taken
+    drift: float  # query drift since the last scoring, when the decision was taken
+    entropy_mean: float  # draft entropy (nats, temperature 1) over this round's draft steps
+    entropy_max: float
+    active_kv_bytes: int  # draft's active KV at its largest this round (round's tokens in flight)
+    draft_seconds: float
+    verify_seconds: float
+    refresh_seconds: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class DecodeResult:
+    prompt_tokens: int
+    tokens: list[int]
+    rounds: list[RoundRecord] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+    @property
+    def refreshes(self) -> int:
+        return sum(r.refreshed for r in self.rounds)
+
+
+def _entropy(logits: torch.Tensor) -> float:
+    logp = torch.log_softmax(logits.float(), -1)
+    return float(-(logp.exp() * logp).sum())
+
+
+class SpeculativeDecoder:
+    """Draft k tokens on a compressed cache, verify them with one target forward, keep the agreeing prefix.
+
+    ``draft=None`` is self-speculation: the target drafts for itself on a compressed cache and verifies on a full one.
+    ``temperature=0`` is greedy (output equals the target's own greedy decoding); otherwise drafts are accepted by the
+    exact rejection rule (Leviathan et al.), so outputs follow the target's sampling distribution.
+    """
+
+    def __init__(self, target, draft=None, policy: CachePolicy | None = None, draft_length: int = 11,
+                 temperature: float = 0.0, top_p: float = 1.0, eos_token_id: int | None = None, seed: int = 0,
+                 store_device: str | None = None):
+        if not isinstance(draft_length, int) or draft_length < 1:
+            raise ValueError(f"draft length k must be an integer >= 1, got {draft_length!r}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        self.target = target
+        self.draft = target if draft is None else draft
+        self.self_speculative = draft is None or draft is target
+        check_vocab(self.target, self.draft)
+        self.policy = policy or CachePolicy("full")
+        self.k, self.temperature, self.top_p = draft_length, temperature, top_p
+        self.eos_token_id = eos_token_id
+        self.seed = seed
+        self.store_device = store_device
+        self.device = self.target.device
+        use_rift_attention(self.draft)
+        self.done = True
+
+    # --- set-up ----------------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def reset(self, prompt_ids, max_new_tokens: int) -> None:
+        ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.device).reshape(1, -1)
+        if ids.shape[1] < 1:
+            raise ValueError("the prompt is empty")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        limit = min(getattr(m.config, "max_position_embeddings", 1 << 30) for m in (self.target, self.draft))
+        if ids.shape[1] + max_new_tokens > limit:
+            raise ValueError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                             f"models' context of {limit} tokens")
+        self.generator = torch.Generator(device=self.device).manual_seed(self.seed)
+        self.max_new_tokens = max_new_tokens
+        self.prompt_len = ids.shape[1]
+        t0 = time.perf_counter()
+        pos = torch.arange(ids.shape[1], device=self.device)[None]
+        self.tcache = DynamicCache(config=self.target.config)
+        self.dcache = RiftCache(self.draft.config.num_hidden_layers, self.policy, self.store_device)
+        if self.self_speculative:
+            # One prefill serves both caches: same model, same tokens; the draft cache copies the keys and values.
+            logits = self.target(ids, cache=self.tcache, position_ids=pos, rift_observer=self.dcache,
+                                 logits_to_keep=1).logits
+            self.dcache.load_from(self.tcache)
+        else:
+            logits = self.target(ids, cache=self.tcache, position_ids=pos, logits_to_keep=1).logits
+            self.draft(ids, cache=self.dcache, position_ids=pos, rift_observer=self.dcache, logits_to_keep=1)
+        self.dcache.compress()
+        first = self._sample(self._probs(logits[0, -1]), logits[0, -1])
+        self._sync()
+        self.result = DecodeResult(self.prompt_len, [first], prefill_seconds=time.perf_counter() - t0)
+        self._t_pending, self._d_pending = [first], [first]
+        self.tokens_since_refresh = 0
+        self.done = first == self.eos_token_id or max_new_tokens <= 1
+
+    # --- one round ---------------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self, refresh: bool | None = None) -> RoundRecord:
+        """One round: [refresh] -> draft k -> verify -> accept -> roll back. ``refresh=None`` follows the policy."""
+        if self.done:
+            raise RuntimeError("generation is finished: call reset() with a new prompt")
+        if refresh is None:
+            refresh = self.policy.wants_refresh(self.tokens_since_refresh)
+        drift, since = self.dcache.query_drift(), self.tokens_since_refresh
+        t0 = time.perf_counter()
+        if refresh:
+            self.dcache.refresh()
+            self.tokens_since_refresh = 0
+        t1 = time.perf_counter()
+
+        remaining = self.max_new_tokens - len(self.result.tokens)
+        k = min(self.k, remaining - 1)  # never draft past max_new_tokens
+        drafts, q_probs, entropies = [], [], []
+        feed = self._d_pending
+        for _ in range(k):
+            logits = self._forward(self.draft, self.dcache, feed, observe=True)
+            q = self._probs(logits)
+            drafts.append(self._sample(q, logits))
+            q_probs.append(q)
+            entropies.append(_entropy(logits))
+            feed = drafts[-1:]
+        active_bytes = self.dcache.active_bytes()
+        self._sync()
+        t2 = time.perf_counter()
+
+        t_logits = self._forward(self.target, self.tcache, self._t_pending + drafts, all_logits=True)
+        n, nxt = self._accept(drafts, q_probs, t_logits)
+        self._sync()
+        t3 = time.perf_counter()
+
+        # Roll back what was rejected: the target fed 1 + k tokens and keeps 1 + n; the draft fed
+        # len(pending) + k - 1 tokens (the last draft token is never fed) and keeps len(pending) + n.
+        self.tcache.crop(-(k - n))
+        fed_drafts = max(k - 1, 0)
+        if n <= fed_drafts:
+            self.dcache.crop(-(fed_drafts - n))
+            self._d_pending = [nxt] if k > 0 else self._d_pending + [nxt]
+        else:  # all k accepted: the last draft token still has to be fed to the draft
+            self._d_pending = [drafts[-1], nxt]
+        self.dcache.compact()
+        self._t_pending = [nxt]
+
+        new = drafts[:n] + [nxt]
+        if self.eos_token_id is not None and self.eos_token_id in new:
+            new = new[: new.index(self.eos_token_id) + 1]
+            self.done = True
+        record = RoundRecord(
+            position=len(self.result.tokens), accepted=n, emitted=len(new), draft_length=k, refreshed=bool(refresh),
+            tokens_since_refresh=since, drift=drift,
+            entropy_mean=sum(entropies) / len(entropies) if entropies else 0.0,
+            entropy_max=max(entropies) if entropies else 0.0, active_kv_bytes=active_bytes,
+            draft_seconds=t2 - t1, verify_seconds=t3 - t2, refresh_seconds=t1 - t0,
+        )
+        self.result.tokens.extend(new)
+        self.result.rounds.append(record)
+        self.result.decode_seconds += t3 - t0
+        self.tokens_since_refresh += len(new)
+        if len(self.result.tokens) >= self.max_new_tokens:
+            self.done = True
+        return record
+
+    def fork(self) -> "SpeculativeDecoder":
+        """An independent copy of the decoding state (the models are shared): for counterfactual rollouts."""
+        other = copy.copy(self)
+        other.tcache, other.dcache = copy.deepcopy(self.tcache), self.dcache.clone()
+        other.result = copy.deepcopy(self.result)
+        other.generator = torch.Generator(device=self.device)
+        other.generator.set_state(self.generator.get_state())
+        other._t_pending, other._d_pending = list(self._t_pending), list(self._d_pending)
+        return other
+
+    def generate(self, prompt_ids, max_new_tokens: int, decide=None) -> DecodeResult:
+        """Decode to the end. ``decide(decoder) -> bool | None`` chooses refreshes (None: the policy's schedule)."""
+        self.reset(prompt_ids, max_new_tokens)
+        while not self.done:
+            self.step(decide(self) if decide is not None else None)
+        return self.result
+
+    # --- pieces ----------------------------------------------------------------------------------------------------
+    def _forward(self, model, cache, tokens: list[int], observe: bool = False, all_logits: bool = False):
+        ids = torch.tensor([tokens], device=self.device)
+        start = cache.get_seq_length()
+        pos = torch.arange(start, start + len(tokens), device=self.device)[None]
+        extra = {"rift_observer": cache} if observe else {}
+        out = model(ids, cache=cache, position_ids=pos, logits_to_keep=0 if all_logits else 1, **extra).logits[0]
+        return out if all_logits else out[-1]
+
+    def _probs(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """The sampling distribution (temperature, then top-p), or None for greedy."""
+        if self.temperature == 0:
+            return None
+        p = torch.softmax(logits.float() / self.temperature, -1)
+        if self.top_p < 1:
+            sorted_p, idx = p.sort(-1, descending=True)
+            drop = sorted_p.cumsum(-1) - sorted_p > self.top_p  # keep the smallest prefix reaching top_p
+            p = p.scatter(-1, idx, sorted_p.masked_fill(drop, 0.0))
+            p = p / p.sum(-1, keepdim=True)
+        return p
+
+    def _sample(self, probs: torch.Tensor | None, logits: torch.Tensor) -> int:
+        if probs is None:
+            return int(logits.argmax())
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def _accept(self, drafts: list[int], q_probs: list, t_logits: torch.Tensor) -> tuple[int, int]:
+        """(accepted count, next token). Greedy: longest prefix equal to the target's argmax. Sampling: accept x with
+        probability min(1, p(x)/q(x)); at the first rejection resample from norm(max(p - q, 0)); after k acceptances
+        take a bonus token from p."""
+        if self.temperature == 0:
+            target_tokens = t_logits.argmax(-1).tolist()
+            n = 0
+            while n < len(drafts) and drafts[n] == target_tokens[n]:
+                n += 1
+            return n, target_tokens[n]
+        for i, (x, q) in enumerate(zip(drafts, q_probs)):
+            p = self._probs(t_logits[i])
+            u = torch.rand((), generator=self.generator, device=self.device)
+            if u * q[x] <= p[x]:  # u < p/q without dividing by a tiny q
+                continue
+            residual = (p - q).clamp_min(0)
+            total = residual.sum()
+            return i, self._sample(residual / total if total > 0 else p, t_logits[i])
+        return len(drafts), self._sample(self._probs(t_logits[len(drafts)]), t_logits[len(drafts)])
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)

@@ -1,0 +1,50 @@
+import json
+import os
+import subprocess
+import sys
+
+from rift_ada.evaluate import build_parser, run
+
+ENV = dict(os.environ, HF_HUB_OFFLINE="1")
+
+
+def test_evaluate_json_fields_and_greedy_match():
+    args = build_parser().parse_args(["--policy", "rift-dyn", "--period", "16", "--budget", "256", "--prompts", "2",
+                                      "--input-tokens", "1024", "--max-new-tokens", "48", "--drafter", "testbed"])
+    out = run(args)
+    for key in ("acceptance_length", "acceptance_length_by_quarter", "refreshes", "tokens_per_second",
+                "draft_active_kv_bytes", "target_greedy_match", "prompts"):
+        assert key in out, key
+    assert out["prompts"] == 2 and out["target_greedy_match"] == 1.0
+    assert 1.0 <= out["acceptance_length"] <= 12.0 and len(out["acceptance_length_by_quarter"]) == 4
+    assert out["refreshes"] >= 2  # at least one per prompt with a 16-token period over 48 tokens
+    # budget 256 + up to k + 1 tokens in flight, 2 layers x (K, V) x 2 KV heads x head_dim 32 x 4 bytes
+    per_token = 2 * 2 * 2 * 32 * 4
+    assert out["draft_active_kv_bytes"] <= (256 + 12) * per_token
+
+
+def test_active_kv_is_flat_in_context_length():
+    sizes = []
+    for n in (1024, 4096):
+        args = build_parser().parse_args(["--policy", "rift-stat", "--budget", "256", "--prompts", "1",
+                                          "--input-tokens", str(n), "--max-new-tokens", "24", "--no-greedy-check"])
+        sizes.append(run(args)["draft_active_kv_bytes"])
+    assert sizes[0] == sizes[1]
+
+
+def test_evaluate_bad_input_is_one_line():
+    for argv, msg in [(["--policy", "lru"], "unknown policy"), (["--scorer", "h2o"], "unknown scorer"),
+                      (["--policy", "window", "--budget", "3"], "attention sinks"),
+                      (["--policy", "rift-stat", "--budget", "64", "--window", "100"], "sliding window"),
+                      (["--draft-length", "0", "--prompts", "1"], "draft length")]:
+        out = subprocess.run([sys.executable, "-m", "rift_ada.evaluate", *argv], env=ENV, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 2 and msg in out.stderr and "Traceback" not in out.stderr, (argv, out.stderr)
+
+
+def test_evaluate_cli_prints_json():
+    out = subprocess.run([sys.executable, "-m", "rift_ada.evaluate", "--json", "--prompts", "1", "--input-tokens",
+                          "1024", "--max-new-tokens", "16", "--policy", "window", "--budget", "128"],
+                         env=ENV, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["policy"] == "window"

@@ -1,0 +1,144 @@
+import collections
+import math
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from rift_ada.data import build_tasks
+from rift_ada.policies import POLICIES, CachePolicy
+from rift_ada.scorers import SCORERS
+from rift_ada.speculative import SpeculativeDecoder
+from rift_ada.testbed.check import encode, greedy_continuation
+from tests.conftest import random_model
+
+
+def policy(name, scorer="snapkv", budget=96):
+    return CachePolicy(name, budget=None if name == "full" else budget, period=8, scorer=scorer, obs_window=16)
+
+
+@pytest.fixture(scope="module")
+def testbed_prompt(tokenizer):
+    return encode(tokenizer, build_tasks(tokenizer, "low", n=1, input_tokens=1024, seed=5)[0].prompt)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+@pytest.mark.parametrize("drafter", ["self", "external"])
+def test_greedy_equals_target_generate_testbed_policies(name, drafter, testbed_target, testbed_draft, testbed_prompt):
+    reference = greedy_continuation(testbed_target, testbed_prompt, 40)
+    draft = None if drafter == "self" else testbed_draft
+    dec = SpeculativeDecoder(testbed_target, draft, policy(name, budget=256), draft_length=11)
+    decide = (lambda d: len(d.result.rounds) % 2 == 0) if name == "rift-ada" else None
+    res = dec.generate(testbed_prompt, 40, decide)
+    assert res.tokens == reference
+    assert dec.dcache.active_tokens() <= (10**9 if name in ("full", "snapkv") else 256 + 12)
+
+
+@pytest.mark.parametrize("scorer", list(SCORERS))
+def test_greedy_equals_target_generate_testbed_scorers(scorer, testbed_target, testbed_draft, testbed_prompt):
+    reference = greedy_continuation(testbed_target, testbed_prompt, 40)
+    for draft in (None, testbed_draft):
+        dec = SpeculativeDecoder(testbed_target, draft, policy("rift-dyn", scorer, budget=128), draft_length=11)
+        assert dec.generate(testbed_prompt, 40).tokens == reference
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("name", ["full", "window", "snapkv", "rift-stat", "rift-dyn"])
+def test_greedy_equals_target_generate_random_models(arch, name):
+    target = random_model(arch, seed=0)
+    draft = random_model(arch, layers=1, seed=1)
+    prompt = torch.randint(0, 128, (150,), generator=torch.Generator().manual_seed(0)).tolist()
+    reference = greedy_continuation(target, prompt, 48)
+    for d in (None, draft):
+        for k in (1, 4, 11):
+            res = SpeculativeDecoder(target, d, policy(name, budget=64), draft_length=k).generate(prompt, 48)
+            assert res.tokens == reference, (d is None, k)
+
+
+def test_rollback_leaves_caches_as_if_never_fed(testbed_target, testbed_draft, testbed_prompt):
+    dec = SpeculativeDecoder(testbed_target, testbed_draft, policy("rift-dyn", budget=256), draft_length=11)
+    dec.reset(testbed_prompt, 64)
+    while not dec.done:
+        dec.step()
+        seen = testbed_prompt + dec.result.tokens
+        assert dec.tcache.get_seq_length() == len(seen) - 1
+        assert dec.dcache.length == len(seen) - len(dec._d_pending)
+    # The target cache equals a fresh prefill of the accepted tokens; the draft's backing store too.
+    fresh_t = DynamicCache(config=testbed_target.config)
+    ids = torch.tensor([seen[:-1]])
+    with torch.no_grad():
+        testbed_target(ids, cache=fresh_t, position_ids=torch.arange(ids.shape[1])[None])
+    for a, b in zip(dec.tcache.layers, fresh_t.layers):
+        torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=0)
+    n = dec.dcache.length
+    fresh_d = DynamicCache(config=testbed_draft.config)
+    with torch.no_grad():
+        testbed_draft(ids[:, :n], cache=fresh_d, position_ids=torch.arange(n)[None])
+    # Only the prompt part is computed densely in the draft; later tokens saw a compressed cache.
+    L = len(testbed_prompt)
+    for a, b in zip(dec.dcache.layers, fresh_d.layers):
+        assert a.store_k.shape[2] == n
+        torch.testing.assert_close(a.store_k[:, :, :L], b.keys[:, :, :L], atol=1e-5, rtol=0)
+
+
+def test_sampling_follows_target_distribution():
+    """Chi-square test: the first two sampled tokens of speculative decoding follow the target's joint distribution
+    (a draft that differs from the target, on a compressed cache, at temperature 1)."""
+    vocab = 6
+    target = random_model("llama", vocab=vocab, hidden=32, seed=0, init=0.3)
+    draft = random_model("llama", vocab=vocab, hidden=32, layers=1, seed=7, init=0.3)
+    prompt = torch.randint(0, vocab, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        p1 = torch.softmax(target(torch.tensor([prompt])).logits[0, -1], -1)
+        p2 = torch.softmax(target(torch.tensor([[*prompt, t] for t in range(vocab)])).logits[:, -1], -1)
+    joint = (p1[:, None] * p2).flatten()
+    n = 2500
+    counts = collections.Counter()
+    dec = SpeculativeDecoder(target, draft, CachePolicy("window", budget=12, sinks=2), draft_length=3,
+                             temperature=1.0)
+    for seed in range(n):
+        dec.seed = seed
+        toks = dec.generate(prompt, 3).tokens
+        counts[toks[0] * vocab + toks[1]] += 1
+    expected = joint * n
+    keep = expected >= 5
+    obs = torch.tensor([counts[i] for i in range(vocab * vocab)], dtype=torch.float64)
+    chi2 = float((((obs - expected) ** 2) / expected)[keep].sum() + (obs[~keep].sum() - expected[~keep].sum()) ** 2
+                 / max(float(expected[~keep].sum()), 1e-9))
+    dof = int(keep.sum())  # cells kept + one pooled cell - 1
+    # Wilson-Hilferty upper 0.1% quantile of chi-square(dof).
+    z = 3.09
+    crit = dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+    assert chi2 < crit, (chi2, crit)
+
+
+def test_draft_equal_to_target_accepts_everything_when_sampling():
+    target = random_model("llama", seed=0)
+    dec = SpeculativeDecoder(target, None, CachePolicy("full"), draft_length=5, temperature=0.8, seed=3)
+    res = dec.generate(list(range(30)), 31)
+    assert all(r.accepted == r.draft_length for r in res.rounds)
+    assert len(res.tokens) == 31
+
+
+def test_eos_and_max_new_tokens():
+    target = random_model("llama", seed=0)
+    prompt = list(range(20))
+    ref = greedy_continuation(target, prompt, 30)
+    eos = ref[7]
+    res = SpeculativeDecoder(target, None, CachePolicy("full"), eos_token_id=eos).generate(prompt, 30)
+    assert res.tokens == ref[: ref.index(eos) + 1]
+    for m in (1, 2, 13):
+        assert SpeculativeDecoder(target, None, CachePolicy("full")).generate(prompt, m).tokens == ref[:m]
+
+
+def test_bad_input():
+    target = random_model("llama", vocab=128)
+    other = random_model("llama", vocab=130)
+    with pytest.raises(ValueError, match="vocabulary"):
+        SpeculativeDecoder(target, other)
+    with pytest.raises(ValueError, match="draft length"):
+        SpeculativeDecoder(target, draft_length=0)
+    with pytest.raises(ValueError, match="exceeds"):
+        SpeculativeDecoder(target).reset(list(range(100)), 4090)
+    with pytest.raises(ValueError, match="temperature"):
+        SpeculativeDecoder(target, temperature=-1)

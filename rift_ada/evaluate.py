@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--window", type=int, default=None, help="sliding window in tokens (overrides the fraction)")
     c.add_argument("--sinks", type=int, default=4, help="attention sinks kept by the 'window' policy")
     c.add_argument("--period", type=int, default=None, help="rift-dyn: generated tokens between refreshes")
+    c.add_argument("--controller", default=None,
+                   help="rift-ada: an exported controller file (controller.json / controller.pt) deciding refreshes")
     c.add_argument("--scorer", default="snapkv", help=f"one of: {', '.join(SCORERS)}")
     c.add_argument("--obs-window", type=int, default=32, help="observation queries used for scoring")
     c.add_argument("--kernel", type=int, default=7, help="snapkv pooling kernel")
@@ -71,6 +73,17 @@ def run(args) -> dict:
     from .testbed.check import encode, greedy_continuation
 
     policy = policy_from_args(args)
+    decide = None
+    if args.policy == "rift-ada":
+        if not args.controller:
+            raise ValueError("--policy rift-ada needs --controller FILE (e.g. runs/controller/controller.json)")
+        from controllers.export import load_controller
+
+        from .signals import decider
+
+        decide = decider(load_controller(args.controller))
+    elif args.controller:
+        raise ValueError("--controller only applies to --policy rift-ada")
     pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype)
     tasks = tasks_from_args(args, pair.tokenizer)
     eos = pair.tokenizer.eos_token_id
@@ -81,7 +94,7 @@ def run(args) -> dict:
     results, rows, matches = [], [], []
     for task in tqdm(tasks, desc=f"{args.policy} (budget {args.budget})", disable=args.json):
         ids = encode(pair.tokenizer, task.prompt)
-        res = dec.generate(ids, args.max_new_tokens)
+        res = dec.generate(ids, args.max_new_tokens, decide)
         results.append(res)
         row = {"task_id": task.task_id, "prompt_tokens": len(ids), "acceptance_length": acceptance_length(res.rounds),
                "refreshes": res.refreshes, "generated_tokens": len(res.tokens)}

@@ -1,1 +1,1 @@
-"""Trainers: controller training data and compressibility (LoRA) training of drafts."""
+"""Trainers: counterfactual data and PPO for refresh controllers; compressibility (LoRA) training of drafts."""

@@ -1,0 +1,97 @@
+"""Rule controllers: never (RIFT-stat), periodic (RIFT-dyn) and thresholds over any signal."""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rift_ada import signals
+
+from .base import check_observation, read_json, write_json
+
+_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+
+
+def _since(obs: np.ndarray) -> float:
+    return float(obs[signals.index("since_refresh")]) * signals.SINCE_SCALE
+
+
+@dataclass
+class NeverController:
+    name: str = "never"
+
+    def reset(self) -> None:
+        pass
+
+    def decide(self, observation) -> bool:
+        check_observation(observation)
+        return False
+
+    def save(self, path) -> None:
+        write_json(path, {"kind": "never"})
+
+    @classmethod
+    def load(cls, path) -> "NeverController":
+        read_json(path, "never")
+        return cls()
+
+
+@dataclass
+class PeriodicController:
+    """Refresh once ``period`` tokens have been generated since the last scoring (RIFT-dyn as a controller)."""
+
+    period: int = 64
+    name: str = "periodic"
+
+    def __post_init__(self):
+        if self.period < 1:
+            raise ValueError(f"period must be >= 1 token, got {self.period}")
+
+    def reset(self) -> None:
+        pass
+
+    def decide(self, observation) -> bool:
+        return _since(check_observation(observation)) >= self.period - 1e-3
+
+    def save(self, path) -> None:
+        write_json(path, {"kind": "periodic", "period": self.period})
+
+    @classmethod
+    def load(cls, path) -> "PeriodicController":
+        return cls(period=read_json(path, "periodic")["period"])
+
+
+@dataclass
+class ThresholdController:
+    """Refresh when any rule fires, e.g. ``[("acc_mean", "<", 0.5), ("drift", ">", 0.2)]``, but not within
+    ``min_gap`` tokens of the last scoring (low acceptance right after a refresh is not staleness)."""
+
+    rules: list = field(default_factory=lambda: [("acc_mean", "<", 0.5)])
+    min_gap: int = 16
+    name: str = "threshold"
+
+    def __post_init__(self):
+        self.rules = [tuple(r) for r in self.rules]
+        for sig, op, _ in self.rules:
+            signals.index(sig)
+            if op not in _OPS:
+                raise ValueError(f"unknown comparison {op!r}; use one of {', '.join(_OPS)}")
+
+    def reset(self) -> None:
+        pass
+
+    def decide(self, observation) -> bool:
+        obs = check_observation(observation)
+        if _since(obs) < self.min_gap:
+            return False
+        return any(_OPS[op](float(obs[signals.index(sig)]), value) for sig, op, value in self.rules)
+
+    def save(self, path) -> None:
+        write_json(path, {"kind": "threshold", "rules": [list(r) for r in self.rules], "min_gap": self.min_gap})
+
+    @classmethod
+    def load(cls, path) -> "ThresholdController":
+        data = read_json(path, "threshold")
+        return cls(rules=[tuple(r) for r in data["rules"]], min_gap=data["min_gap"])

@@ -1,0 +1,59 @@
+"""Comparing refresh controllers with periodic refresh on the AL-versus-refreshes plane.
+
+The periodic curve (never refreshing counts as its zero-refresh point) is made monotone (running max of AL as the
+refresh rate grows) and interpolated linearly. For a controller's point (R, AL):
+- refresh savings at matched AL: ``1 - R / R_periodic(AL)``, where ``R_periodic(AL)`` is the refresh rate periodic
+  refresh needs to reach that AL (None when periodic never reaches it, or reaches it without refreshing);
+- AL gain at matched refreshes: ``AL - AL_periodic(R)``.
+A family's numbers are those of its best knob setting.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+LEARNED = ("threshold", "logistic", "ppo")
+
+
+def periodic_envelope(rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    pts = sorted((0.0 if r["family"] == "never" else r["refreshes_per_1k"], r["acceptance_length"])
+                 for r in rows if r["family"] in ("never", "periodic"))
+    if not pts:
+        raise ValueError("the sweep needs periodic (or never) points to compare against")
+    R = np.array([p[0] for p in pts])
+    A = np.maximum.accumulate(np.array([p[1] for p in pts]))
+    return R, A
+
+
+def refreshes_needed(al: float, R: np.ndarray, A: np.ndarray) -> float | None:
+    if al <= A[0]:
+        return float(R[0])
+    if al > A[-1]:
+        return None
+    j = int(np.argmax(A >= al))
+    r0, r1, a0, a1 = R[j - 1], R[j], A[j - 1], A[j]
+    return float(r1 if a1 == a0 else r0 + (al - a0) * (r1 - r0) / (a1 - a0))
+
+
+def al_at(refreshes: float, R: np.ndarray, A: np.ndarray) -> float:
+    return float(np.interp(refreshes, R, A))
+
+
+def matched_comparison(rows: list[dict]) -> dict:
+    """Annotate learned rows with ``refresh_savings`` and ``al_gain``; summarise each family by its best point."""
+    R, A = periodic_envelope(rows)
+    families: dict[str, dict] = {}
+    for r in rows:
+        if r["family"] not in LEARNED:
+            continue
+        need = refreshes_needed(r["acceptance_length"], R, A)
+        r["refresh_savings"] = None if not need else 1.0 - r["refreshes_per_1k"] / need
+        r["al_gain"] = r["acceptance_length"] - al_at(r["refreshes_per_1k"], R, A)
+        fam = families.setdefault(r["family"], {"refresh_savings": None, "al_gain": None,
+                                                "savings_knob": None, "gain_knob": None})
+        if r["refresh_savings"] is not None and (fam["refresh_savings"] is None
+                                                 or r["refresh_savings"] > fam["refresh_savings"]):
+            fam["refresh_savings"], fam["savings_knob"] = r["refresh_savings"], r["knob"]
+        if fam["al_gain"] is None or r["al_gain"] > fam["al_gain"]:
+            fam["al_gain"], fam["gain_knob"] = r["al_gain"], r["knob"]
+    return {"families": families, "periodic_refreshes": R.tolist(), "periodic_al": A.tolist()}

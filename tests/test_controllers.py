@@ -1,0 +1,138 @@
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from controllers import (LogisticController, NeverController, PeriodicController, PPOController,
+                         ThresholdController, load_controller)
+from envs import RefreshEnv
+from rift_ada import signals
+
+ENV_KW = dict(budget=128, input_tokens=1024, prompts=3, max_new_tokens=48)
+
+
+def obs_with(**values):
+    x = np.full(len(signals.NAMES), 0.5, dtype=np.float32)
+    for k, v in values.items():
+        x[signals.index(k)] = v
+    return x
+
+
+def box_samples(n, seed=0):
+    return np.random.default_rng(seed).uniform(signals.LOW, signals.HIGH, (n, len(signals.NAMES))).astype(np.float32)
+
+
+def test_rule_controllers_and_roundtrip(tmp_path):
+    tok = 1 / signals.SINCE_SCALE
+    assert not NeverController().decide(obs_with())
+    p = PeriodicController(64)
+    assert not p.decide(obs_with(since_refresh=63 * tok)) and p.decide(obs_with(since_refresh=64 * tok))
+    t = ThresholdController([("acc_mean", "<", 0.4), ("drift", ">", 0.3)], min_gap=16)
+    assert t.decide(obs_with(acc_mean=0.2, since_refresh=20 * tok))
+    assert t.decide(obs_with(drift=0.5, since_refresh=20 * tok))
+    assert not t.decide(obs_with(acc_mean=0.2, since_refresh=8 * tok)), "min_gap holds back early refreshes"
+    for c in (NeverController(), p, t):
+        c.save(tmp_path / f"{c.name}.json")
+        back = load_controller(tmp_path / f"{c.name}.json")
+        xs = box_samples(500)
+        assert [back.decide(x) for x in xs] == [c.decide(x) for x in xs]
+    with pytest.raises(ValueError, match="unknown signal"):
+        ThresholdController([("entropy", ">", 1)])
+    with pytest.raises(ValueError, match="signals"):
+        p.decide(np.zeros(3))
+
+
+@pytest.fixture(scope="module")
+def counterfactual_data():
+    from trainers.counterfactual import collect
+
+    env = RefreshEnv(**ENV_KW)
+    return collect(env.decoder, env.prompts, 64, horizon=3, every=1, progress=False)
+
+
+def test_logistic_export_parity(counterfactual_data, tmp_path):
+    data = counterfactual_data
+    assert len(data.X) >= 10 and data.X.shape[1] == len(signals.NAMES)
+    y = data.labels(margin=0.0)
+    if len(np.unique(y)) < 2:  # make both classes present (a real, if arbitrary, split of the real states)
+        y = (data.X[:, signals.index("since_refresh")] > np.median(data.X[:, signals.index("since_refresh")])).astype(int)
+    ctrl = LogisticController.fit(data.X, y, threshold=0.4)
+    xs = np.concatenate([box_samples(10_000), data.X])
+    p_sk = ctrl.sklearn_model.predict_proba(xs)[:, 1]
+    ours = np.array([ctrl.probability(x) for x in xs])
+    np.testing.assert_allclose(ours, p_sk, atol=1e-6)  # sklearn keeps float32 inputs in float32
+    ctrl.save(tmp_path / "c.json")
+    back = load_controller(tmp_path / "c.json")
+    assert np.array_equal([back.decide(x) for x in xs], p_sk > 0.4)
+    assert json.loads((tmp_path / "c.json").read_text())["signals"] == list(signals.NAMES)
+
+
+@pytest.fixture(scope="module")
+def trained_ppo():
+    from trainers.ppo import export_ppo, train_ppo
+
+    # Refreshing is free (lam 0): a policy that learned anything refreshes where it helps.
+    env_fns = [lambda: RefreshEnv(lam=0.0, **ENV_KW)]
+    model, venv = train_ppo(env_fns, timesteps=768, seed=0, n_steps=128, learning_rate=1e-3)
+    return model, venv, export_ppo(model, venv, lam=0.0)
+
+
+def test_ppo_export_parity(trained_ppo, tmp_path):
+    model, venv, ctrl = trained_ppo
+    xs = box_samples(10_000, seed=1)
+    expected = model.predict(venv.normalize_obs(xs), deterministic=True)[0]
+    assert np.array_equal(ctrl.decide_batch(xs), expected)
+    ctrl.save(tmp_path / "c.pt")
+    back = load_controller(tmp_path / "c.pt")
+    assert isinstance(back, PPOController)
+    assert np.array_equal(back.decide_batch(xs), expected)
+
+
+def episode_reward(env, controller, seed, prompt):
+    obs, _ = env.reset(seed=seed, options={"prompt_index": prompt})
+    total, done = 0.0, False
+    while not done:
+        obs, r, term, trunc, _ = env.step(int(controller.decide(obs)))
+        total += r
+        done = term or trunc
+    return total
+
+
+def test_ppo_beats_never_refresh(trained_ppo):
+    _, _, ctrl = trained_ppo
+    env = RefreshEnv(lam=0.0, **ENV_KW)
+    ppo = sum(episode_reward(env, ctrl, 0, i) for i in range(3))
+    never = sum(episode_reward(env, NeverController(), 0, i) for i in range(3))
+    assert ppo > never, (ppo, never)
+
+
+def poisoned_path(tmp_path):
+    """A folder whose sklearn and stable_baselines3 raise on import: as if they were not installed."""
+    root = tmp_path / "poisoned"
+    for name in ("sklearn", "stable_baselines3"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        (root / name / "__init__.py").write_text(f"raise ImportError('{name} is not available at inference')\n")
+    return str(root)
+
+
+def test_exported_controller_drives_decoding_without_training_libraries(trained_ppo, counterfactual_data, tmp_path):
+    _, _, ppo = trained_ppo
+    ppo.save(tmp_path / "c.pt")
+    y = (np.arange(len(counterfactual_data.X)) % 2).astype(int)
+    LogisticController.fit(counterfactual_data.X, y).save(tmp_path / "c.json")
+    for f in ("c.pt", "c.json"):
+        code = (
+            "import sys\n"
+            "from rift_ada.evaluate import main\n"
+            f"rc = main(['--policy', 'rift-ada', '--controller', r'{tmp_path / f}', '--budget', '128', '--prompts', "
+            "'1', '--input-tokens', '1024', '--max-new-tokens', '32', '--json'])\n"
+            "assert rc == 0\n"
+            "assert 'sklearn' not in sys.modules and 'stable_baselines3' not in sys.modules\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=poisoned_path(tmp_path)))
+        assert out.returncode == 0, out.stderr[-2000:]
+        res = json.loads(out.stdout.strip().splitlines()[-1])
+        assert res["policy"] == "rift-ada" and res["target_greedy_match"] == 1.0

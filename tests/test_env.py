@@ -1,0 +1,69 @@
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import envs
+from envs import RefreshEnv
+from rift_ada import signals
+
+KW = dict(budget=128, input_tokens=1024, prompts=2, max_new_tokens=40)
+
+
+@pytest.fixture(scope="module")
+def env():
+    return RefreshEnv(**KW)
+
+
+def test_checkers_pass_without_warnings():
+    from gymnasium.utils.env_checker import check_env as gym_check
+    from stable_baselines3.common.env_checker import check_env as sb3_check
+
+    env = gym.make(envs.ENV_ID, **KW).unwrapped  # made through the registry, so it has a spec
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gym_check(env)
+        sb3_check(env)
+
+
+def test_registered_and_spaces():
+    e = gym.make(envs.ENV_ID, **KW)
+    obs, info = e.reset(seed=0)
+    assert e.observation_space.contains(obs) and obs.shape == (len(signals.NAMES),)
+    assert e.action_space == gym.spaces.Discrete(2)
+    obs, r, term, trunc, info = e.step(1)
+    assert info["refreshed"] and info["refreshes"] == 1 and isinstance(r, float)
+    assert set(info) >= {"accepted", "refreshed", "acceptance_length", "refreshes"}
+    e.close()
+
+
+def rollout(env, seed, actions):
+    obs, _ = env.reset(seed=seed)
+    traj = [obs]
+    rewards = []
+    for i in range(1000):
+        obs, r, term, trunc, info = env.step(actions(i))
+        traj.append(obs)
+        rewards.append(r)
+        if term or trunc:
+            return np.array(traj), rewards, info
+
+
+def test_same_seed_same_trajectory(env):
+    act = lambda i: int(i % 3 == 0)  # noqa: E731
+    a, ra, ia = rollout(env, 5, act)
+    b, rb, ib = rollout(env, 5, act)
+    assert np.array_equal(a, b) and ra == rb and ia == ib
+    assert ia["generated_tokens"] == KW["max_new_tokens"]
+
+
+def test_reward_charges_refreshes():
+    env = RefreshEnv(lam=2.0, refresh_cost=3.0, **KW)
+    env.reset(seed=0, options={"prompt_index": 1})
+    _, r, *_, info = env.step(1)
+    assert r == info["accepted"] - 6.0 and env.prompt_index == 1
+    with pytest.raises(ValueError, match="action must be"):
+        env.step(2)
+    with pytest.raises(ValueError, match="out of range"):
+        env.reset(options={"prompt_index": 7})

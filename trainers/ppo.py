@@ -1,0 +1,49 @@
+"""PPO training of a refresh controller (stable-baselines3), and its export to a torch-only PPOController."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from controllers.ppo import PPOController, build_mlp
+
+
+def make_vec_env(env_fns, norm_reward: bool = True):
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    # One process: each step runs a model forward, and on 2 cores subprocesses only add copies of the models.
+    return VecNormalize(DummyVecEnv(env_fns), norm_obs=True, norm_reward=norm_reward, clip_obs=10.0)
+
+
+def train_ppo(env_fns, timesteps: int, seed: int = 0, callback=None, net_arch=(32, 32), n_steps: int = 128,
+              learning_rate: float = 3e-4, ent_coef: float = 0.01, logger=None):
+    """Train PPO on ``env_fns`` (thunks making RefreshEnvs). Returns (model, vec_normalize)."""
+    from stable_baselines3 import PPO
+
+    venv = make_vec_env(env_fns)
+    venv.seed(seed)
+    model = PPO("MlpPolicy", venv, n_steps=n_steps, batch_size=64, n_epochs=10, learning_rate=learning_rate,
+                gamma=0.99, ent_coef=ent_coef, seed=seed, device="cpu", verbose=0,
+                policy_kwargs={"net_arch": list(net_arch)})
+    if logger is not None:
+        model.set_logger(logger)
+    model.learn(total_timesteps=timesteps, callback=callback, progress_bar=False)
+    return model, venv
+
+
+def export_ppo(model, vec_normalize=None, lam: float | None = None) -> PPOController:
+    """The policy's deterministic action as a plain MLP, with VecNormalize's observation statistics baked in."""
+    policy = model.policy
+    linears = [m for m in policy.mlp_extractor.policy_net if isinstance(m, torch.nn.Linear)] + [policy.action_net]
+    sizes = [linears[0].in_features] + [lin.out_features for lin in linears]
+    act = type(next((m for m in policy.mlp_extractor.policy_net if not isinstance(m, torch.nn.Linear)),
+                    torch.nn.Tanh())).__name__.lower()
+    net = build_mlp(sizes, act)
+    for dst, src in zip([m for m in net if isinstance(m, torch.nn.Linear)], linears):
+        dst.load_state_dict(src.state_dict())
+    if vec_normalize is not None and vec_normalize.norm_obs:
+        rms = vec_normalize.obs_rms
+        mean, var, eps, clip = np.asarray(rms.mean), np.asarray(rms.var), vec_normalize.epsilon, vec_normalize.clip_obs
+    else:
+        mean, var, eps, clip = np.zeros(sizes[0]), np.ones(sizes[0]) - 1e-8, 1e-8, np.inf
+    return PPOController(net.eval(), sizes, act, mean, var, eps, clip, lam)

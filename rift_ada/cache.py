@@ -23,7 +23,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .policies import CachePolicy
-from .selection import gather_positions, top_positions
+from .selection import gather_positions, select_importance
 
 
 class RiftLayer(CacheLayerMixin):
@@ -135,30 +135,18 @@ class RiftLayer(CacheLayerMixin):
             self.keys = torch.cat([self.keys[:, :, :i], self.keys[:, :, i + drop:]], dim=-2)
             self.values = torch.cat([self.values[:, :, :i], self.values[:, :, i + drop:]], dim=-2)
 
-    def reselect(self, scorer, n_imp: int, tail_keep: int, obs_window: int, history_k, history_v) -> torch.Tensor:
+    def reselect(self, scorer, n_imp: int, tail_keep: int, obs_window: int, history_k, history_v) -> None:
         """Rebuild ``[importance | tail]`` from the full history: the last ``tail_keep`` tokens form the tail; the
-        best ``n_imp`` of the earlier positions (per KV head) form the importance part. Returns the scores."""
+        best ``n_imp`` of the earlier positions (per KV head) form the importance part."""
         L = self.length
         tail_keep = min(tail_keep, L)
-        positions = torch.arange(L, device=history_k.device)
-        if scorer.needs_queries:
-            if self.queries is None or self.queries.shape[2] == 0:
-                raise RuntimeError("no observation queries were recorded: the draft must run with rift attention "
-                                   "(rift_ada.attention.use_rift_attention) and rift_observer=<cache>")
-            q = self.queries[:, :, -obs_window:].to(history_k.device)
-            qp = self.query_pos[-obs_window:].to(history_k.device)
-        else:
-            q = qp = None
-        scores = scorer.score(q, history_k, qp, positions)
-        candidates = positions < L - tail_keep
-        pos = top_positions(scores, candidates, n_imp)
+        pos = select_importance(scorer, history_k, L, n_imp, tail_keep, self.queries, self.query_pos, obs_window)
         imp_k = gather_positions(history_k, pos).to(self.device, self.dtype)
         imp_v = gather_positions(history_v, pos).to(self.device, self.dtype)
-        tail_k = history_k[:, :, L - tail_keep:].to(self.device, self.dtype)
-        tail_v = history_v[:, :, L - tail_keep:].to(self.device, self.dtype)
+        tail_k = history_k[:, :, L - tail_keep:L].to(self.device, self.dtype)
+        tail_v = history_v[:, :, L - tail_keep:L].to(self.device, self.dtype)
         self.keys, self.values = torch.cat([imp_k, tail_k], dim=-2), torch.cat([imp_v, tail_v], dim=-2)
         self.imp_pos, self.n_imp = pos.to(self.device), pos.shape[-1]
-        return scores
 
 
 class RiftCache(Cache):

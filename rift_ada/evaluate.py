@@ -29,6 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--drafter", default="self",
                    help="'self' (the target drafts on a compressed cache), 'testbed' (the built-in draft), or a "
                         "local folder / hub id of a draft sharing the target's tokenizer")
+    m.add_argument("--lora", default=None,
+                   help="a LoRA adapter folder (experiments/train_compressibility.py) applied to the drafter; with "
+                        "--drafter self the adapted copy drafts and the unadapted target verifies")
+    m.add_argument("--lora-merge", action="store_true", help="merge the adapter into the drafter's weights")
     m.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     m.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)")
     c = p.add_argument_group("draft cache")
@@ -87,7 +91,14 @@ def run(args) -> dict:
     pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype)
     tasks = tasks_from_args(args, pair.tokenizer)
     eos = pair.tokenizer.eos_token_id
-    dec = SpeculativeDecoder(pair.target, None if pair.self_speculative else pair.draft, policy,
+    draft = None if pair.self_speculative else pair.draft
+    if args.lora:
+        from .lora import load_drafter
+
+        draft = load_drafter(pair.draft, args.lora, merge=args.lora_merge)
+    elif args.lora_merge:
+        raise ValueError("--lora-merge needs --lora DIR")
+    dec = SpeculativeDecoder(pair.target, draft, policy,
                              draft_length=args.draft_length, temperature=args.temperature, top_p=args.top_p,
                              eos_token_id=eos, seed=args.seed, store_device=args.store_device)
     greedy_check = args.temperature == 0 and not args.no_greedy_check

@@ -49,3 +49,26 @@ def gather_positions(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """``x``: (batch, kv_heads, T, d); ``positions``: (batch, kv_heads, n) -> (batch, kv_heads, n, d)."""
     idx = positions.to(x.device).unsqueeze(-1).expand(-1, -1, -1, x.shape[-1])
     return x.gather(2, idx)
+
+
+def select_importance(scorer, keys: torch.Tensor, length: int, n_imp: int, tail_keep: int,
+                      queries: torch.Tensor | None = None, query_positions: torch.Tensor | None = None,
+                      obs_window: int = 32) -> torch.Tensor:
+    """The importance positions (batch, kv_heads, n) that a cache holding ``length`` tokens keeps per KV head: the
+    scorer's best ``n_imp`` among positions before the last ``tail_keep`` (which the sliding window holds).
+
+    ``keys``: (batch, kv_heads, >= length, d) post-RoPE keys of the history; ``queries``: the recorded observation
+    queries, of which the last ``obs_window`` score. The decoder's cache and the compressibility trainer's masks
+    both select through this one function.
+    """
+    keys = keys[:, :, :length]
+    positions = torch.arange(length, device=keys.device)
+    if scorer.needs_queries:
+        if queries is None or queries.shape[2] == 0:
+            raise RuntimeError("no observation queries were recorded: the draft must run with rift attention "
+                               "(rift_ada.attention.use_rift_attention) and rift_observer=<cache>")
+        q, qp = queries[:, :, -obs_window:].to(keys.device), query_positions[-obs_window:].to(keys.device)
+    else:
+        q = qp = None
+    scores = scorer.score(q, keys, qp, positions)
+    return top_positions(scores, positions < length - min(tail_keep, length), n_imp)

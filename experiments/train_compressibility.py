@@ -1,0 +1,187 @@
+"""Train a draft to tolerate RIFT compression: LoRA distillation under the sparse attention it meets at inference.
+
+    python experiments/train_compressibility.py                      # testbed draft, ~10 minutes on 2 CPU cores
+    python experiments/train_compressibility.py --drafter self       # LoRA on the target as its own drafter
+
+1. Target outputs (continuations + top-k log-probabilities) for training prompts, stored in <output-dir>/targets
+   (reused when present; see trainers/compressibility.py for the format).
+2. LoRA training (peft) of the drafter: a frozen dense pass picks importance positions with the inference scorer,
+   a masked pass learns KL(target || draft) on the continuation; the budget is drawn per sample from
+   --ratio-min..--ratio-max of the prompt; RIFT-stat and RIFT-dyn masks are mixed. Checkpoints every
+   --checkpoint-every steps; rerunning the same command resumes from the latest one.
+3. The adapter goes to <output-dir>/adapter (``python -m rift_ada.evaluate ... --lora <output-dir>/adapter``).
+4. A table like the paper's: AL of the trained and untrained drafter for rift-stat and rift-dyn at budgets of
+   12.5% and 25% of the input, at temperature 0 and 1, and the full-cache AL before and after training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from rift_ada.metrics import summarize
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    m = p.add_argument_group("models and data")
+    m.add_argument("--target", default="testbed")
+    m.add_argument("--drafter", default="testbed", help="'testbed' (external draft), 'self', or a folder / hub id")
+    m.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    m.add_argument("--train-prompts", type=int, default=32)
+    m.add_argument("--input-tokens", type=int, default=2048, help="prompt length of training and eval prompts")
+    m.add_argument("--continuation-tokens", type=int, default=128, help="target tokens per training sample")
+    m.add_argument("--top-k", type=int, default=32, help="target log-probabilities stored per position")
+    m.add_argument("--target-temperature", type=float, default=0.0, help="0: greedy target continuations")
+    m.add_argument("--targets", default=None, help="target-output folder (default <output-dir>/targets)")
+    m.add_argument("--build-targets-only", action="store_true", help="store the target outputs and stop")
+    t = p.add_argument_group("training")
+    t.add_argument("--steps", type=int, default=150)
+    t.add_argument("--lr", type=float, default=5e-4)
+    t.add_argument("--grad-accum", type=int, default=2)
+    t.add_argument("--ratio-min", type=float, default=0.08, help="smallest budget / prompt length drawn")
+    t.add_argument("--ratio-max", type=float, default=0.3, help="largest budget / prompt length drawn")
+    t.add_argument("--window-fraction", type=float, default=0.5)
+    t.add_argument("--period", type=int, default=32, help="RIFT-dyn re-selection period (training and eval)")
+    t.add_argument("--dyn-share", type=float, default=0.5, help="share of samples with RIFT-dyn masks")
+    t.add_argument("--lora-rank", type=int, default=8)
+    t.add_argument("--checkpoint-every", type=int, default=25)
+    t.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints")
+    t.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # simulates an interruption
+    e = p.add_argument_group("evaluation")
+    e.add_argument("--eval-prompts", type=int, default=4)
+    e.add_argument("--eval-new-tokens", type=int, default=128)
+    e.add_argument("--budgets", type=float, nargs="+", default=[0.125, 0.25], help="budgets as fractions of input")
+    e.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    e.add_argument("--draft-length", type=int, default=11)
+    o = p.add_argument_group("output")
+    o.add_argument("--output-dir", default="runs/compressibility")
+    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--wandb-project", default="rift-ada")
+    o.add_argument("--wandb-mode", default="offline", choices=["offline", "online", "disabled"])
+    o.add_argument("--threads", type=int, default=1, help="torch CPU threads (tiny models: 1 is fastest)")
+    args = p.parse_args(argv)
+    if not 0 < args.ratio_min <= args.ratio_max <= 1:
+        p.error(f"the compression ratio range must satisfy 0 < --ratio-min <= --ratio-max <= 1, got "
+                f"({args.ratio_min}, {args.ratio_max})")
+    if any(not 0 < b <= 1 for b in args.budgets):
+        p.error("--budgets are fractions of the input in (0, 1]")
+    for name in ("steps", "grad_accum", "train_prompts", "eval_prompts", "continuation_tokens", "top_k", "period",
+                 "checkpoint_every", "lora_rank", "eval_new_tokens"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    import wandb
+
+    from rift_ada import lora
+    from rift_ada.data import build_tasks
+    from rift_ada.models import load_pair
+    from trainers import compressibility as C
+
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    try:
+        pair = load_pair(args.target, args.drafter, device=args.device)
+        enc = lambda tasks: [pair.tokenizer(t.prompt, add_special_tokens=False)["input_ids"] for t in tasks]  # noqa: E731
+        targets = Path(args.targets) if args.targets else out / "targets"
+        if not (targets / "meta.json").is_file():
+            if args.targets:
+                raise FileNotFoundError(f"no target outputs in {str(targets)!r} (meta.json missing)")
+            fams = ["low", "mixed", "high"]
+            tasks = [t for i, f in enumerate(fams) for t in build_tasks(
+                pair.tokenizer, f, n=-(-args.train_prompts // 3), input_tokens=args.input_tokens,
+                seed=args.seed + 100 + i, split="train")][: args.train_prompts]
+            C.build_target_outputs(pair.target, enc(tasks), args.continuation_tokens, targets, args.top_k,
+                                   args.target_temperature, args.seed, args.target)
+        meta, samples = C.load_target_outputs(targets, vocab_size=pair.draft.config.vocab_size)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.build_targets_only:
+        print(f"target outputs: {len(samples)} samples in {targets}")
+        return 0
+
+    base = pair.draft  # the target itself for --drafter self: it stays unadapted and verifies
+    run = wandb.init(project=args.wandb_project, mode=args.wandb_mode, dir=str(out), config=vars(args),
+                     job_type="train_compressibility")
+    torch.manual_seed(args.seed)
+    student = lora.attach(copy.deepcopy(base), rank=args.lora_rank, alpha=2 * args.lora_rank)
+    cfg = C.TrainConfig(steps=args.steps, lr=args.lr, grad_accum=args.grad_accum,
+                        ratio_range=(args.ratio_min, args.ratio_max), window_fraction=args.window_fraction,
+                        period=args.period, dyn_share=args.dyn_share, checkpoint_every=args.checkpoint_every,
+                        seed=args.seed)
+    t0 = time.time()
+    trained = C.train(student, samples, cfg, out, resume=not args.no_resume, log=run.log, stop_after=args.stop_after)
+    train_s = time.time() - t0
+    lora.save(student, lora.fingerprint(base), out / "adapter")
+    if args.stop_after is not None and trained["steps_done"] < args.steps:
+        print(f"stopped after step {trained['steps_done']} (checkpoint saved); rerun to resume", file=sys.stderr)
+        run.finish()
+        return 0
+
+    # Evaluation on held-out prompts: untrained vs trained drafter, same prompts and seeds.
+    eval_ids = enc(build_tasks(pair.tokenizer, "low", n=args.eval_prompts, input_tokens=args.input_tokens,
+                               seed=args.seed, split="eval"))
+    rows = evaluate_table(pair, base, student, eval_ids, args)
+    table = format_table(rows)
+    results = {"rows": rows, "train_seconds": train_s, "total_seconds": time.time() - t_start,
+               "final_kl": trained["history"][-1]["loss"] if trained["history"] else None,
+               "samples": len(samples), "target_outputs": str(targets), "adapter": str(out / "adapter")}
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "table.md").write_text(table + "\n")
+    cols = list(rows[0])
+    run.log({"compressibility/table": wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in rows])})
+    run.summary.update({"train_seconds": train_s, "total_seconds": results["total_seconds"]})
+    run.finish()
+    print(table)
+    print(f"\nadapter: {out / 'adapter'} | training {train_s:.0f} s | total {results['total_seconds']:.0f} s")
+    return 0
+
+
+def evaluate_table(pair, base, student, eval_ids, args) -> list[dict]:
+    from rift_ada.policies import CachePolicy
+    from rift_ada.speculative import SpeculativeDecoder
+
+    n_input = sum(len(x) for x in eval_ids) / len(eval_ids)
+    configs = [("full", None)] + [(pol, frac) for frac in args.budgets for pol in ("rift-stat", "rift-dyn")]
+    rows = []
+    for temp in args.temperatures:
+        for pol_name, frac in configs:
+            budget = None if frac is None else max(2, round(frac * n_input))
+            policy = CachePolicy(pol_name, budget=budget, period=args.period if pol_name == "rift-dyn" else None)
+            al = {}
+            for label, drafter in (("untrained", base), ("trained", student)):
+                draft = None if (drafter is pair.target) else drafter
+                dec = SpeculativeDecoder(pair.target, draft, policy, args.draft_length, temperature=temp,
+                                         eos_token_id=pair.tokenizer.eos_token_id, seed=args.seed)
+                al[label] = summarize([dec.generate(ids, args.eval_new_tokens) for ids in eval_ids],
+                                      args.eval_new_tokens)["acceptance_length"]
+            rows.append({"temperature": temp, "policy": pol_name, "budget_fraction": frac, "budget": budget,
+                         "al_untrained": al["untrained"], "al_trained": al["trained"],
+                         "relative_change": al["trained"] / al["untrained"] - 1})
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = ["| temperature | policy | budget | AL untrained | AL trained | change |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        budget = "full" if r["budget"] is None else f"{r['budget']} ({100 * r['budget_fraction']:.1f}%)"
+        lines.append(f"| {r['temperature']:g} | {r['policy']} | {budget} | {r['al_untrained']:.3f} | "
+                     f"{r['al_trained']:.3f} | {100 * r['relative_change']:+.1f}% |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

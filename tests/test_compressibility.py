@@ -1,0 +1,133 @@
+import json
+
+import pytest
+import torch
+
+from rift_ada import lora
+from rift_ada.attention import use_rift_attention
+from rift_ada.cache import RiftCache
+from rift_ada.policies import CachePolicy
+from tests.conftest import random_model
+from trainers import compressibility as C
+
+
+def feed(model, cache, tokens):
+    start = cache.get_seq_length()
+    with torch.no_grad():
+        return model(torch.tensor([tokens]), cache=cache, position_ids=torch.arange(start, start + len(tokens))[None],
+                     rift_observer=cache).logits[0]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("policy", ["rift-stat", "rift-dyn"])
+def test_training_masks_reproduce_the_compressed_cache(arch, policy):
+    model = random_model(arch, init=0.05)
+    use_rift_attention(model)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 128, (120,), generator=g).tolist()
+    cont = torch.randint(0, 128, (40,), generator=g).tolist()
+    pol = CachePolicy(policy, budget=40, window=12, period=10, obs_window=8)
+    cache = RiftCache(model.config.num_hidden_layers, pol)
+    feed(model, cache, prompt)
+    cache.compress()
+    sels = [[(len(prompt), layer.imp_pos.clone())] for layer in cache.layers]
+    logits = []
+    for i, tok in enumerate(cont):
+        if policy == "rift-dyn" and i and i % 10 == 0:
+            cache.refresh()
+            for s, layer in zip(sels, cache.layers):
+                s.append((len(prompt) + i, layer.imp_pos.clone()))
+        logits.append(feed(model, cache, [tok])[-1])
+        cache.compact()
+    if policy == "rift-dyn":
+        assert any(not torch.equal(s[0][1], s[-1][1]) for s in sels), "the refreshes changed the selection"
+    ids = torch.tensor([prompt + cont])
+    masks = C.build_masks(ids.shape[1], len(prompt), sels, window=12)
+    with torch.no_grad():
+        masked = model(ids, position_ids=torch.arange(ids.shape[1])[None], rift_masks=masks).logits[0, len(prompt):]
+    torch.testing.assert_close(masked, torch.stack(logits), atol=1e-5, rtol=0)
+
+
+def test_dense_selection_matches_inference_prefill_selection():
+    """RIFT-stat selects from the dense prefill at inference; the trainer's frozen dense pass selects the same."""
+    model = random_model("llama", init=0.05)
+    use_rift_attention(model)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 128, (1, 150), generator=g)
+    spec = C.SparseSpec(budget=40, window=12, obs_window=8)
+    cache = RiftCache(2, CachePolicy("rift-stat", budget=40, window=12, obs_window=8))
+    feed(model, cache, ids[0, :110].tolist())
+    cache.compress()
+    sels = C.selections(C.dense_capture(model, ids), 110, 150, spec)
+    for layer, s in zip(cache.layers, sels):
+        assert len(s) == 1 and torch.equal(layer.imp_pos, s[0][1])
+
+
+def test_topk_kl_is_zero_on_itself_and_positive_otherwise():
+    logits = torch.randn(5, 50)
+    top = torch.log_softmax(logits, -1).topk(8, -1)
+    assert C.topk_kl(logits, top.indices, top.values).abs() < 1e-6
+    assert C.topk_kl(torch.randn(5, 50), top.indices, top.values) > 0.01
+
+
+def test_bad_inputs(tmp_path):
+    import random
+
+    with pytest.raises(ValueError, match="ratio range"):
+        C.sample_spec(100, (0.0, 0.5), random.Random(0))
+    with pytest.raises(ValueError, match="ratio range"):
+        C.sample_spec(100, (0.2, 1.5), random.Random(0))
+    with pytest.raises(FileNotFoundError, match="no target outputs"):
+        C.load_target_outputs(tmp_path)
+    base, other = random_model("llama", seed=0), random_model("llama", seed=1)
+    peft_model = lora.attach(random_model("llama", seed=0))
+    lora.save(peft_model, lora.fingerprint(base), tmp_path / "adapter")
+    lora.load_drafter(base, tmp_path / "adapter")  # its own base: fine
+    with pytest.raises(ValueError, match="another base model"):
+        lora.load_drafter(other, tmp_path / "adapter")
+
+
+def synthetic_store(tmp_path, target, n=3, prompt=80, cont=24):
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 128, (prompt,), generator=g).tolist() for _ in range(n)]
+    return C.load_target_outputs(C.build_target_outputs(target, prompts, cont, tmp_path / "targets", top_k=8,
+                                                         progress=False), vocab_size=128)
+
+
+def test_target_output_format(tmp_path):
+    target = random_model("llama", seed=0)
+    meta, samples = synthetic_store(tmp_path, target)
+    assert meta["format"] == C.FORMAT and meta["samples"] == 3 and meta["top_k"] == 8
+    s = samples[0]
+    assert s["continuation_ids"].shape == (24,) and s["topk_ids"].shape == (24, 8)
+    # Row i is the target's distribution over continuation token i; greedy continuations are its argmax.
+    assert torch.equal(s["topk_ids"][:, 0], s["continuation_ids"])
+    assert torch.all(s["topk_logprobs"][:, :-1] >= s["topk_logprobs"][:, 1:])
+
+
+def test_resume_loses_no_steps(tmp_path):
+    target = random_model("llama", seed=0)
+    _, samples = synthetic_store(tmp_path, target)
+    cfg = C.TrainConfig(steps=6, lr=5e-3, warmup=1, grad_accum=2, ratio_range=(0.2, 0.5), obs_window=8, period=8,
+                        checkpoint_every=2, seed=3)
+
+    def student():
+        torch.manual_seed(0)
+        return lora.attach(random_model("llama", seed=1), rank=4)
+
+    straight = student()
+    full = C.train(straight, samples, cfg, tmp_path / "a", progress=False)
+    interrupted = student()
+    first = C.train(interrupted, samples, cfg, tmp_path / "b", stop_after=3, progress=False)
+    assert first["steps_done"] == 3
+    resumed = student()  # a fresh process: everything comes from the checkpoint
+    second = C.train(resumed, samples, cfg, tmp_path / "b", progress=False)
+    assert [h["step"] for h in second["history"]] == list(range(1, 7))
+    assert [h["loss"] for h in second["history"]] == pytest.approx([h["loss"] for h in full["history"]], rel=1e-5)
+    from peft.utils import get_peft_model_state_dict
+
+    a, b = get_peft_model_state_dict(straight), get_peft_model_state_dict(resumed)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-5)
+    assert lora.max_lora_delta(straight) > 0, "training moved the adapter"
+    assert full["history"][-1]["loss"] < full["history"][0]["loss"]

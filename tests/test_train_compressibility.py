@@ -1,0 +1,47 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from rift_ada.evaluate import build_parser, run
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "experiments" / "train_compressibility.py"
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", WANDB_SILENT="true")
+SMALL = ["--train-prompts", "2", "--steps", "3", "--grad-accum", "1", "--input-tokens", "1024",
+         "--continuation-tokens", "16", "--eval-prompts", "1", "--eval-new-tokens", "16", "--budgets", "0.25",
+         "--temperatures", "0", "--checkpoint-every", "1"]
+
+
+def script(*args, timeout=900):
+    return subprocess.run([sys.executable, str(SCRIPT), *args], env=ENV, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_small_run_then_adapter_in_evaluate(tmp_path):
+    out = tmp_path / "run"
+    res = script(*SMALL, "--output-dir", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "| temperature | policy | budget | AL untrained | AL trained | change |" in res.stdout
+    results = json.loads((out / "results.json").read_text())
+    assert {(r["policy"], r["budget_fraction"]) for r in results["rows"]} == {
+        ("full", None), ("rift-stat", 0.25), ("rift-dyn", 0.25)}
+    assert (out / "adapter" / "adapter_config.json").is_file() and (out / "targets" / "meta.json").is_file()
+    assert list((out / "wandb").glob("offline-run-*"))
+    for merge in ([], ["--lora-merge"]):
+        args = build_parser().parse_args(["--drafter", "testbed", "--lora", str(out / "adapter"), "--prompts", "1",
+                                          "--input-tokens", "1024", "--max-new-tokens", "24", *merge])
+        assert run(args)["target_greedy_match"] == 1.0
+    # The stored target outputs are reused, and a finished run resumes to nothing new.
+    again = script(*SMALL, "--output-dir", str(out))
+    assert again.returncode == 0 and "target outputs" not in again.stderr
+
+
+def test_bad_input_is_clear(tmp_path):
+    res = script("--ratio-min", "0", "--output-dir", str(tmp_path))
+    assert res.returncode == 2 and "ratio range" in res.stderr and "Traceback" not in res.stderr
+    res = script("--ratio-max", "1.5", "--output-dir", str(tmp_path))
+    assert res.returncode == 2 and "ratio range" in res.stderr
+    res = script("--targets", str(tmp_path / "missing"), "--output-dir", str(tmp_path))
+    assert res.returncode == 2 and "no target outputs" in res.stderr and "Traceback" not in res.stderr

@@ -1,0 +1,283 @@
+"""Compressibility training: LoRA distillation of a draft under the sparse attention RIFT gives it at inference.
+
+Pieces, in the order a training step uses them:
+1. **Target outputs** (precomputed once, reusable): continuation tokens and the target's top-k log-probabilities.
+   Format (a folder): ``meta.json`` ({"format": FORMAT, "target", "top_k", "temperature", "samples",
+   "vocab_size", "continuation_tokens"}) and ``samples.pt``, a list of dicts with ``prompt_ids`` (P,) and
+   ``continuation_ids`` (C,) int64, ``topk_ids`` (C, k) int64 and ``topk_logprobs`` (C, k) float32, where row i is
+   the target's distribution over continuation token i (its logits at position P - 1 + i).
+2. **Frozen scoring pass**: the draft with adapters disabled runs densely over prompt + continuation, recording
+   post-RoPE keys and queries; the inference scorer (``select_importance``) picks each layer's importance
+   positions per KV head, once after the prompt (RIFT-stat) or again every ``period`` tokens (RIFT-dyn).
+3. **Masks**: prompt rows are causal (prefill is dense); continuation row t sees the selection in force at t plus
+   the window band [t - window, t]: what a RiftCache compacted after every token shows token t (a round's
+   in-flight tokens at inference widen the band by up to k + 1; the masks take the narrower, per-token view).
+   The compression ratio (budget / prompt length) is drawn per sample from a range.
+4. **Masked pass** with the adapters on; loss = KL(target || draft) over the continuation on the target's top-k
+   support plus one bucket for the remaining mass.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from rift_ada.attention import use_rift_attention
+from rift_ada.cache import RiftCache
+from rift_ada.policies import CachePolicy
+from rift_ada.scorers import make_scorer
+from rift_ada.selection import select_importance
+
+FORMAT = "rift-ada/target-logits-v1"
+
+
+# --- 1. target outputs -----------------------------------------------------------------------------------------------
+@torch.inference_mode()
+def build_target_outputs(target, prompts: list[list[int]], continuation_tokens: int, folder: str | Path,
+                         top_k: int = 32, temperature: float = 0.0, seed: int = 0, target_name: str = "",
+                         progress: bool = True) -> Path:
+    """Generate each prompt's continuation with the target (greedy, or sampled at ``temperature``) and store it
+    with the target's top-k log-probabilities (at temperature 1: the distribution the draft learns)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    samples = []
+    for ids in tqdm(prompts, desc="target outputs", disable=not progress):
+        x = torch.tensor([ids], device=target.device)
+        kw = dict(do_sample=True, temperature=temperature, top_k=None, top_p=None) if temperature > 0 else \
+            dict(do_sample=False, temperature=None, top_k=None, top_p=None)
+        if temperature > 0:
+            torch.manual_seed(int(torch.randint(2**31, (1,), generator=g)))
+        out = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=continuation_tokens,
+                              eos_token_id=None, pad_token_id=0, **kw)
+        cont = out[0, len(ids):]
+        logits = target(out, logits_to_keep=len(cont) + 1).logits[0, :len(cont)].float()
+        logp = torch.log_softmax(logits, -1)
+        top = logp.topk(top_k, dim=-1)
+        samples.append({"prompt_ids": torch.tensor(ids), "continuation_ids": cont.cpu(),
+                        "topk_ids": top.indices.cpu(), "topk_logprobs": top.values.cpu()})
+    torch.save(samples, folder / "samples.pt")
+    meta = {"format": FORMAT, "target": target_name, "top_k": top_k, "temperature": temperature,
+            "samples": len(samples), "vocab_size": target.config.vocab_size, "continuation_tokens": continuation_tokens}
+    (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+    return folder
+
+
+def load_target_outputs(folder: str | Path, vocab_size: int | None = None) -> tuple[dict, list[dict]]:
+    folder = Path(folder)
+    if not (folder / "meta.json").is_file() or not (folder / "samples.pt").is_file():
+        raise FileNotFoundError(f"no target outputs in {str(folder)!r} (expected meta.json and samples.pt; build them "
+                                "with experiments/train_compressibility.py --build-targets-only)")
+    meta = json.loads((folder / "meta.json").read_text())
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{folder}: unknown target-output format {meta.get('format')!r} (expected {FORMAT!r})")
+    if vocab_size is not None and meta["vocab_size"] != vocab_size:
+        raise ValueError(f"{folder} holds logits over {meta['vocab_size']} tokens, the draft has {vocab_size}")
+    samples = torch.load(folder / "samples.pt", weights_only=True)
+    if len(samples) != meta["samples"]:
+        raise ValueError(f"{folder}: meta.json lists {meta['samples']} samples, samples.pt holds {len(samples)}")
+    return meta, samples
+
+
+# --- 2./3. selections and masks -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SparseSpec:
+    """What the draft's cache keeps for one sample: integer budget, window, and the refresh period (None: stat)."""
+
+    budget: int
+    window: int
+    obs_window: int = 32
+    scorer: str = "snapkv"
+    period: int | None = None
+
+    @property
+    def n_imp(self) -> int:
+        return self.budget - self.window
+
+
+def sample_spec(prompt_len: int, ratio_range: tuple[float, float], rng: random.Random, window_fraction: float = 0.5,
+                obs_window: int = 32, scorer: str = "snapkv", period: int | None = None) -> SparseSpec:
+    lo, hi = ratio_range
+    if not 0 < lo <= hi <= 1:
+        raise ValueError(f"compression ratio range must satisfy 0 < low <= high <= 1, got {ratio_range}")
+    budget = max(2, round(rng.uniform(lo, hi) * prompt_len))
+    window = min(budget, max(1, round(budget * window_fraction)))
+    return SparseSpec(budget, window, obs_window, scorer, period)
+
+
+@torch.no_grad()
+def dense_capture(model, ids: torch.Tensor) -> RiftCache:
+    """One dense forward that records every layer's post-RoPE keys and queries (capacity for all positions)."""
+    use_rift_attention(model)
+    n = ids.shape[1]
+    cache = RiftCache(model.config.num_hidden_layers, CachePolicy("full"), extra_queries=n)
+    model(ids, cache=cache, position_ids=torch.arange(n, device=ids.device)[None], rift_observer=cache,
+          logits_to_keep=1)
+    return cache
+
+
+def selections(cache: RiftCache, prompt_len: int, total_len: int, spec: SparseSpec) -> list[list[tuple[int, torch.Tensor]]]:
+    """Per layer: [(start, positions (batch, kv_heads, n))] with the selection made at ``start`` (the prompt end,
+    then every ``period`` tokens for RIFT-dyn), through the same function the inference cache uses."""
+    scorer = make_scorer(spec.scorer, window=spec.obs_window)
+    starts = [prompt_len]
+    if spec.period:
+        starts += list(range(prompt_len + spec.period, total_len, spec.period))
+    out = []
+    for layer in cache.layers:
+        out.append([(s, select_importance(scorer, layer.keys, s, spec.n_imp, spec.window, layer.queries[:, :, :s],
+                                          layer.query_pos[:s], spec.obs_window)) for s in starts])
+    return out
+
+
+def build_masks(total_len: int, prompt_len: int, layer_selections, window: int, device=None) -> list[torch.Tensor]:
+    """Per layer (batch, kv_heads, T, T) bool: causal prompt rows; continuation rows see the window band and the
+    importance positions of the selection in force."""
+    t = torch.arange(total_len, device=device)[:, None]
+    j = torch.arange(total_len, device=device)[None, :]
+    causal = j <= t
+    band = causal & (j >= t - window)
+    masks = []
+    for sels in layer_selections:
+        b, h = sels[0][1].shape[:2]
+        m = causal.expand(b, h, total_len, total_len).clone()
+        m[:, :, prompt_len:] = band[prompt_len:]
+        ends = [s for s, _ in sels[1:]] + [total_len]
+        for (start, pos), end in zip(sels, ends):
+            imp = torch.zeros(b, h, total_len, dtype=torch.bool, device=device)
+            imp.scatter_(2, pos.to(device), True)
+            m[:, :, start:end] |= imp[:, :, None, :]  # selected positions precede start - window: causal already
+        masks.append(m)
+    return masks
+
+
+# --- 4. loss ------------------------------------------------------------------------------------------------------------
+def topk_kl(draft_logits: torch.Tensor, topk_ids: torch.Tensor, topk_logprobs: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of KL(p || q) on the target's top-k support plus a bucket for the rest of the mass."""
+    logq = torch.log_softmax(draft_logits.float(), -1)
+    q_top = logq.gather(-1, topk_ids)
+    p_top = topk_logprobs.float()
+    p_rest = (1 - p_top.exp().sum(-1)).clamp_min(1e-8)
+    q_rest = (1 - q_top.exp().sum(-1)).clamp_min(1e-8)
+    kl = (p_top.exp() * (p_top - q_top)).sum(-1) + p_rest * (p_rest.log() - q_rest.log())
+    return kl.mean()
+
+
+def masked_logits(model, ids: torch.Tensor, masks: list[torch.Tensor], prompt_len: int) -> torch.Tensor:
+    """Logits at the positions that predict the continuation, under the per-layer masks."""
+    n = ids.shape[1]
+    out = model(input_ids=ids, position_ids=torch.arange(n, device=ids.device)[None], rift_masks=masks,
+                use_cache=False)
+    return out.logits[0, prompt_len - 1:n - 1]
+
+
+def sample_loss(model, sample: dict, spec: SparseSpec) -> torch.Tensor:
+    """One sample: frozen dense scoring pass (adapters off), masks, masked pass (adapters on), top-k KL."""
+    device = next(model.parameters()).device
+    ids = torch.cat([sample["prompt_ids"], sample["continuation_ids"]]).to(device)[None]
+    p = len(sample["prompt_ids"])
+    with model.disable_adapter():
+        cache = dense_capture(model, ids)
+    masks = build_masks(ids.shape[1], p, selections(cache, p, ids.shape[1], spec), spec.window, device)
+    logits = masked_logits(model, ids, masks, p)
+    return topk_kl(logits, sample["topk_ids"].to(device), sample["topk_logprobs"].to(device))
+
+
+def sample_order(n: int, seed: int, index: int) -> int:
+    """The sample used at global position ``index``: a fresh permutation per epoch, fixed by (seed, epoch), so a
+    resumed run sees exactly the samples an uninterrupted one would."""
+    epoch, i = divmod(index, n)
+    perm = list(range(n))
+    random.Random(f"{seed}/{epoch}").shuffle(perm)
+    return perm[i]
+
+
+def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    return lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+
+# --- the training loop -------------------------------------------------------------------------------------------------
+@dataclass
+class TrainConfig:
+    steps: int = 150
+    lr: float = 5e-4
+    warmup: int = 10
+    grad_accum: int = 2
+    ratio_range: tuple[float, float] = (0.08, 0.3)
+    window_fraction: float = 0.5
+    obs_window: int = 32
+    scorer: str = "snapkv"
+    dyn_share: float = 0.5  # share of samples trained with RIFT-dyn re-selection
+    period: int = 32
+    checkpoint_every: int = 25
+    seed: int = 0
+
+
+def _checkpoints(folder: Path) -> list[Path]:
+    return sorted(folder.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+
+
+def train(model, samples: list[dict], cfg: TrainConfig, output_dir: str | Path, resume: bool = True, log=None,
+          stop_after: int | None = None, progress: bool = True) -> dict:
+    """LoRA training of ``model`` (a peft model) on ``samples``. Checkpoints (adapter, optimizer, step) go to
+    ``output_dir/checkpoints/step-N`` every ``checkpoint_every`` steps; with ``resume`` the latest is loaded and
+    training continues at the next step with the same samples it would have seen. ``stop_after`` ends the run
+    after that step (simulating an interruption)."""
+    from peft import set_peft_model_state_dict
+    from peft.utils import get_peft_model_state_dict
+
+    out = Path(output_dir)
+    ckpt_dir = out / "checkpoints"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    start, history = 0, []
+    if resume and _checkpoints(ckpt_dir):
+        last = _checkpoints(ckpt_dir)[-1]
+        state = torch.load(last / "state.pt", weights_only=False)
+        set_peft_model_state_dict(model, state["adapter"])
+        opt.load_state_dict(state["optimizer"])
+        start, history = state["step"], state["history"]
+    model.train()
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="LoRA compressibility",
+               disable=not progress)
+    for step in bar:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for micro in range(cfg.grad_accum):
+            index = step * cfg.grad_accum + micro
+            sample = samples[sample_order(len(samples), cfg.seed, index)]
+            rng = random.Random(f"{cfg.seed}/spec/{index}")
+            dyn = rng.random() < cfg.dyn_share
+            spec = sample_spec(len(sample["prompt_ids"]), cfg.ratio_range, rng, cfg.window_fraction, cfg.obs_window,
+                               cfg.scorer, cfg.period if dyn else None)
+            loss = sample_loss(model, sample, spec) / cfg.grad_accum
+            loss.backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        history.append({"step": step + 1, "loss": total, "lr": opt.param_groups[0]["lr"]})
+        bar.set_postfix(kl=f"{total:.4f}")
+        if log is not None:
+            log({"lora/kl": total, "lora/lr": opt.param_groups[0]["lr"], "lora/step": step + 1})
+        done = step + 1 == cfg.steps or (stop_after is not None and step + 1 >= stop_after)
+        if (step + 1) % cfg.checkpoint_every == 0 or done:
+            folder = ckpt_dir / f"step-{step + 1}"
+            folder.mkdir(exist_ok=True)
+            torch.save({"adapter": get_peft_model_state_dict(model), "optimizer": opt.state_dict(), "step": step + 1,
+                        "history": history}, folder / "state.pt")
+        if stop_after is not None and step + 1 >= stop_after:
+            break
+    model.eval()
+    return {"history": history, "steps_done": history[-1]["step"] if history else start}

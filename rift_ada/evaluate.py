@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--scorer", default="snapkv", help=f"one of: {', '.join(SCORERS)}")
     c.add_argument("--obs-window", type=int, default=32, help="observation queries used for scoring")
     c.add_argument("--kernel", type=int, default=7, help="snapkv pooling kernel")
+    c.add_argument("--lookahead", type=int, default=CachePolicy.lookahead,
+                   help="extend snapkv scores this many tokens forward (0 = plain SnapKV)")
     c.add_argument("--pooling", default="max", help="snapkv pooling: max, avg or none")
     c.add_argument("--store-device", default=None, help="device of the backing store (default: the model's)")
     d = p.add_argument_group("decoding")
@@ -66,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 def policy_from_args(args) -> CachePolicy:
     return CachePolicy(args.policy, budget=None if args.policy == "full" else args.budget,
                        window_fraction=args.window_fraction, window=args.window, sinks=args.sinks,
-                       period=args.period, scorer=args.scorer, obs_window=args.obs_window,
+                       period=args.period, scorer=args.scorer, obs_window=args.obs_window, lookahead=args.lookahead,
                        scorer_options={"kernel": args.kernel, "pooling": args.pooling})
 
 

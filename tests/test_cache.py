@@ -118,6 +118,18 @@ def test_pooling_keeps_length_and_edges():
         SnapKVScorer(pooling="median")
 
 
+def test_lookahead_extends_scores_forward_only():
+    from rift_ada.scorers.base import extend_forward
+
+    s = torch.zeros(1, 1, 12)
+    s[..., 3] = 1.0
+    out = extend_forward(s, 4)
+    assert torch.equal(out[0, 0, :3], torch.zeros(3)), "nothing before the attended key"
+    assert out[0, 0, 3] == 1.0 and (out[0, 0, 4:8] > 0.5 - 1e-6).all() and (out[0, 0, 4:8].diff() < 0).all()
+    assert (out[0, 0, 8:] == 0).all(), "nothing beyond the radius"
+    torch.testing.assert_close(extend_forward(s, 0), s)
+
+
 def test_policy_errors():
     with pytest.raises(ValueError, match="unknown policy"):
         CachePolicy("lru", budget=10)

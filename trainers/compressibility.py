@@ -32,7 +32,6 @@ from tqdm.auto import tqdm
 from rift_ada.attention import use_rift_attention
 from rift_ada.cache import RiftCache
 from rift_ada.policies import CachePolicy
-from rift_ada.scorers import make_scorer
 from rift_ada.selection import select_importance
 
 FORMAT = "rift-ada/target-logits-v1"
@@ -96,6 +95,7 @@ class SparseSpec:
     obs_window: int = 32
     scorer: str = "snapkv"
     period: int | None = None
+    lookahead: int = CachePolicy.lookahead
 
     @property
     def n_imp(self) -> int:
@@ -103,13 +103,14 @@ class SparseSpec:
 
 
 def sample_spec(prompt_len: int, ratio_range: tuple[float, float], rng: random.Random, window_fraction: float = 0.5,
-                obs_window: int = 32, scorer: str = "snapkv", period: int | None = None) -> SparseSpec:
+                obs_window: int = 32, scorer: str = "snapkv", period: int | None = None,
+                lookahead: int = CachePolicy.lookahead) -> SparseSpec:
     lo, hi = ratio_range
     if not 0 < lo <= hi <= 1:
         raise ValueError(f"compression ratio range must satisfy 0 < low <= high <= 1, got {ratio_range}")
     budget = max(2, round(rng.uniform(lo, hi) * prompt_len))
     window = min(budget, max(1, round(budget * window_fraction)))
-    return SparseSpec(budget, window, obs_window, scorer, period)
+    return SparseSpec(budget, window, obs_window, scorer, period, lookahead)
 
 
 @torch.no_grad()
@@ -126,7 +127,8 @@ def dense_capture(model, ids: torch.Tensor) -> RiftCache:
 def selections(cache: RiftCache, prompt_len: int, total_len: int, spec: SparseSpec) -> list[list[tuple[int, torch.Tensor]]]:
     """Per layer: [(start, positions (batch, kv_heads, n))] with the selection made at ``start`` (the prompt end,
     then every ``period`` tokens for RIFT-dyn), through the same function the inference cache uses."""
-    scorer = make_scorer(spec.scorer, window=spec.obs_window)
+    scorer = CachePolicy("rift-dyn", budget=spec.budget, window=spec.window, period=1, scorer=spec.scorer,
+                         obs_window=spec.obs_window, lookahead=spec.lookahead).make_scorer()  # as at inference
     starts = [prompt_len]
     if spec.period:
         starts += list(range(prompt_len + spec.period, total_len, spec.period))
@@ -216,6 +218,7 @@ class TrainConfig:
     window_fraction: float = 0.5
     obs_window: int = 32
     scorer: str = "snapkv"
+    lookahead: int = CachePolicy.lookahead
     dyn_share: float = 0.5  # share of samples trained with RIFT-dyn re-selection
     period: int = 32
     checkpoint_every: int = 25
@@ -261,7 +264,7 @@ def train(model, samples: list[dict], cfg: TrainConfig, output_dir: str | Path, 
             rng = random.Random(f"{cfg.seed}/spec/{index}")
             dyn = rng.random() < cfg.dyn_share
             spec = sample_spec(len(sample["prompt_ids"]), cfg.ratio_range, rng, cfg.window_fraction, cfg.obs_window,
-                               cfg.scorer, cfg.period if dyn else None)
+                               cfg.scorer, cfg.period if dyn else None, cfg.lookahead)
             loss = sample_loss(model, sample, spec) / cfg.grad_accum
             loss.backward()
             total += loss.item()

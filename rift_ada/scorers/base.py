@@ -63,3 +63,21 @@ def pool_scores(scores: torch.Tensor, kernel: int, kind: str) -> torch.Tensor:
     else:
         raise ValueError(f"pooling must be 'max', 'avg' or 'none', got {kind!r}")
     return x[..., :t].reshape(b, h, t)
+
+
+def extend_forward(scores: torch.Tensor, radius: int, floor: float = 0.5) -> torch.Tensor:
+    """Let each key inherit the (decayed) score of up to ``radius`` keys before it.
+
+    When a model retrieves a span (copying, quoting), the query at step t attends to source position j and the
+    query at t+1 to j+1: the keys a draft needs next lie just *after* those its recent queries attended. Symmetric
+    pooling only reaches ``kernel // 2`` ahead. The decay (to ``floor`` at distance ``radius``) keeps the nearer
+    positions first when the budget cannot hold every extended span.
+    """
+    if radius <= 0:
+        return scores
+    out = scores.clone()
+    t = scores.shape[-1]
+    for d in range(1, min(radius, t - 1) + 1):
+        factor = 1.0 - (1.0 - floor) * d / radius
+        out[..., d:] = torch.maximum(out[..., d:], scores[..., :-d] * factor)
+    return out

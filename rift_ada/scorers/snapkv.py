@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import pool_scores, window_attention
+from .base import extend_forward, pool_scores, window_attention
 
 
 @dataclass
@@ -17,15 +17,17 @@ class SnapKVScorer:
     window: int = 32
     kernel: int = 7
     pooling: str = "max"
+    lookahead: int = 0  # extend scores this many tokens forward (see base.extend_forward); 0 = plain SnapKV
     name: str = "snapkv"
     needs_queries: bool = True
 
     def __post_init__(self):
-        if self.window < 1 or self.kernel < 1:
-            raise ValueError("SnapKV window and kernel must be >= 1")
+        if self.window < 1 or self.kernel < 1 or self.lookahead < 0:
+            raise ValueError("SnapKV window and kernel must be >= 1 and lookahead >= 0")
         if self.pooling not in ("max", "avg", "none"):
             raise ValueError(f"pooling must be 'max', 'avg' or 'none', got {self.pooling!r}")
 
     def score(self, queries, keys, query_positions, key_positions):
         q, qp = queries[:, :, -self.window:], query_positions[-self.window:]
-        return pool_scores(window_attention(q, keys, qp, key_positions), self.kernel, self.pooling)
+        pooled = pool_scores(window_attention(q, keys, qp, key_positions), self.kernel, self.pooling)
+        return extend_forward(pooled, self.lookahead)

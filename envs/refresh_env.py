@@ -34,13 +34,13 @@ class RefreshEnv(gym.Env):
                  temperature: float = 0.0, max_new_tokens: int = 256, task: str = "low", input_tokens: int = 2048,
                  prompts: int = 8, prompt_seed: int = 0, split: str = "train", source_dir: str | None = None,
                  lam: float = 1.0, refresh_cost: float = 2.0, device: str = "cpu", decoder_seed: int = 0,
-                 tasks=None):
+                 tasks=None, pair=None):
         super().__init__()
         if lam < 0 or refresh_cost < 0:
             raise ValueError("lam and refresh_cost must be >= 0")
         if prompts < 1:
             raise ValueError("prompts must be >= 1")
-        pair = _pair(target, drafter, device)
+        pair = pair or _pair(target, drafter, device)  # pass a loaded ModelPair to share it between envs
         self.tokenizer = pair.tokenizer
         policy = CachePolicy("rift-ada", budget=budget, window_fraction=window_fraction, scorer=scorer,
                              obs_window=obs_window)

@@ -139,11 +139,10 @@ def main(argv=None) -> int:
     ppo_controllers = []
     t0 = time.time()
     for lam in args.lams:
-        env_fns = [lambda i=i: RefreshEnv(tasks=train_tasks, target=args.target, drafter=args.drafter,
-                                          budget=args.budget, window_fraction=args.window_fraction,
-                                          scorer=args.scorer, draft_length=args.draft_length,
-                                          max_new_tokens=args.max_new_tokens, lam=lam,
-                                          refresh_cost=args.refresh_cost, device=args.device, decoder_seed=i)
+        env_fns = [lambda i=i: RefreshEnv(tasks=train_tasks, pair=pair, budget=args.budget,
+                                          window_fraction=args.window_fraction, scorer=args.scorer,
+                                          draft_length=args.draft_length, max_new_tokens=args.max_new_tokens, lam=lam,
+                                          refresh_cost=args.refresh_cost, decoder_seed=i)
                    for i in range(2)]
         model, venv = train_ppo(env_fns, args.ppo_timesteps, seed=args.seed, logger=sb3_logger(run, f"ppo_lam{lam:g}"),
                                 callback=_progress(args.ppo_timesteps, f"PPO lambda={lam:g}"))

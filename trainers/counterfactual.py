@@ -37,16 +37,22 @@ def _mean_accepted(decoder, first: bool, horizon: int) -> float:
 
 
 def collect(decoder, prompts: list[list[int]], max_new_tokens: int, horizon: int = 8, every: int = 2,
-            period_range: tuple[int, int] = (32, 512), seed: int = 0, progress: bool = True) -> CounterfactualData:
-    """Label every ``every``-th round of each prompt's trajectory (``horizon`` rounds per branch)."""
+            period_range: tuple[int, int] = (16, 192), seed: int = 0, per_prompt: int | None = 24,
+            progress: bool = True) -> CounterfactualData:
+    """Label every ``every``-th round of each prompt's trajectory (``horizon`` rounds per branch), at most
+    ``per_prompt`` states per prompt, spread over the generation (a stale cache makes many one-token rounds)."""
     rng = random.Random(seed)
     X, gains = [], []
     for ids in tqdm(prompts, desc="counterfactual data", disable=not progress):
         period = rng.randint(*period_range)
         decoder.reset(ids, max_new_tokens)
-        r = 0
+        r, labelled, next_pos = 0, 0, 0
+        spacing = max_new_tokens / per_prompt if per_prompt else 0
         while not decoder.done:
-            if r % every == 0 and decoder.tokens_since_refresh > 0:
+            pos = len(decoder.result.tokens)
+            if r % every == 0 and decoder.tokens_since_refresh > 0 and pos >= next_pos:
+                labelled += 1
+                next_pos = labelled * spacing
                 obs = signals.observe(decoder)
                 gain = _mean_accepted(decoder.fork(), True, horizon) - _mean_accepted(decoder.fork(), False, horizon)
                 X.append(obs)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from rift_ada.cli import require_positive
 from rift_ada.metrics import summarize
 
 
@@ -72,10 +73,8 @@ def parse_args(argv=None):
                 f"({args.ratio_min}, {args.ratio_max})")
     if any(not 0 < b <= 1 for b in args.budgets):
         p.error("--budgets are fractions of the input in (0, 1]")
-    for name in ("steps", "grad_accum", "train_prompts", "eval_prompts", "continuation_tokens", "top_k", "period",
-                 "checkpoint_every", "lora_rank", "eval_new_tokens"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    require_positive(p, args, ("steps", "grad_accum", "train_prompts", "eval_prompts", "continuation_tokens", "top_k",
+                               "period", "checkpoint_every", "lora_rank", "eval_new_tokens"))
     return args
 
 
@@ -85,7 +84,7 @@ def main(argv=None) -> int:
     import wandb
 
     from rift_ada import lora
-    from rift_ada.data import build_tasks
+    from rift_ada.data import build_tasks, encode_prompts
     from rift_ada.models import load_pair
     from trainers import compressibility as C
 
@@ -94,7 +93,7 @@ def main(argv=None) -> int:
     t_start = time.time()
     try:
         pair = load_pair(args.target, args.drafter, device=args.device)
-        enc = lambda tasks: [pair.tokenizer(t.prompt, add_special_tokens=False)["input_ids"] for t in tasks]  # noqa: E731
+        enc = lambda tasks: encode_prompts(pair.tokenizer, tasks)  # noqa: E731
         targets = Path(args.targets) if args.targets else out / "targets"
         if not (targets / "meta.json").is_file():
             if args.targets:

@@ -28,6 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from controllers import LogisticController, NeverController, PeriodicController, ThresholdController
+from rift_ada.cli import require_positive
 from rift_ada.metrics import summarize
 from rift_ada.signals import decider
 from rift_ada.tradeoff import matched_comparison
@@ -43,7 +44,9 @@ def parse_args(argv=None):
     m.add_argument("--window-fraction", type=float, default=0.5)
     m.add_argument("--scorer", default="snapkv")
     m.add_argument("--draft-length", type=int, default=11)
-    m.add_argument("--task", default="low", help="task family: low, mixed or high")
+    m.add_argument("--task", default="low",
+                   help="task family: low, mixed, high, or a comma-separated mix (e.g. low,high: the controller must "
+                        "learn where a refresh pays off)")
     m.add_argument("--input-tokens", type=int, default=2048)
     m.add_argument("--max-new-tokens", type=int, default=256)
     m.add_argument("--train-prompts", type=int, default=12, help="prompts for counterfactual data and PPO")
@@ -68,10 +71,8 @@ def parse_args(argv=None):
     o.add_argument("--wandb-mode", default="offline", choices=["offline", "online", "disabled"])
     o.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = p.parse_args(argv)
-    for name in ("budget", "max_new_tokens", "train_prompts", "eval_prompts", "horizon", "ppo_timesteps",
-                 "draft_length", "label_every"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    require_positive(p, args, ("budget", "max_new_tokens", "train_prompts", "eval_prompts", "horizon",
+                               "ppo_timesteps", "draft_length", "label_every"))
     if any(x <= 0 for x in args.periods) or any(x < 0 for x in args.lams) or args.refresh_cost < 0:
         p.error("periods must be > 0; lambdas and the refresh cost >= 0")
     if any(not 0 < x < 1 for x in args.acc_thresholds + args.logistic_thresholds):
@@ -89,7 +90,7 @@ def main(argv=None) -> int:
     import wandb
 
     from envs import RefreshEnv
-    from rift_ada.data import build_tasks
+    from rift_ada.data import encode_prompts
     from rift_ada.models import load_pair
     from rift_ada.policies import CachePolicy
     from rift_ada.speculative import SpeculativeDecoder
@@ -100,11 +101,10 @@ def main(argv=None) -> int:
     try:
         pair = load_pair(args.target, args.drafter, device=args.device)
         policy = CachePolicy("rift-ada", budget=args.budget, window_fraction=args.window_fraction, scorer=args.scorer)
-        enc = lambda tasks: [pair.tokenizer(t.prompt, add_special_tokens=False)["input_ids"] for t in tasks]  # noqa: E731
-        train_tasks = build_tasks(pair.tokenizer, args.task, n=args.train_prompts, input_tokens=args.input_tokens,
-                                  seed=args.seed + 1, split="train")
-        eval_tasks = build_tasks(pair.tokenizer, args.task, n=args.eval_prompts, input_tokens=args.input_tokens,
-                                 seed=args.seed, split="eval")
+        enc = lambda tasks: encode_prompts(pair.tokenizer, tasks)  # noqa: E731
+        train_tasks = mixed_tasks(pair.tokenizer, args.task, args.train_prompts, args.input_tokens, args.seed + 1,
+                                  "train")
+        eval_tasks = mixed_tasks(pair.tokenizer, args.task, args.eval_prompts, args.input_tokens, args.seed, "eval")
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -195,6 +195,16 @@ def main(argv=None) -> int:
         print(f"{fam}: {sav} fewer refreshes than periodic at matched AL; AL gain at matched refresh count {gain}")
     print(f"exported {best['family']} (knob {best['knob']}) -> {ctrl_path}; total {timings['total_s']:.0f} s")
     return 0
+
+
+def mixed_tasks(tokenizer, families: str, n: int, input_tokens: int, seed: int, split: str):
+    """``n`` tasks cycling through the comma-separated families (low,high -> low, high, low, ...)."""
+    from rift_ada.data import build_tasks
+
+    fams = [f.strip() for f in families.split(",") if f.strip()]
+    per = {f: build_tasks(tokenizer, f, n=-(-n // len(fams)), input_tokens=input_tokens, seed=seed, split=split)
+           for f in dict.fromkeys(fams)}
+    return [per[fams[i % len(fams)]][i // len(fams)] for i in range(n)]
 
 
 def _progress(total: int, desc: str):

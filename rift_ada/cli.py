@@ -46,6 +46,13 @@ def tasks_from_args(args, tokenizer, require_reference: bool = False):
                        source_dir=args.source_dir)
 
 
+def require_positive(parser: argparse.ArgumentParser, args, names) -> None:
+    """``parser.error`` (exit 2, one line) for any of ``names`` below 1."""
+    for name in names:
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+
+
 def fail(err: BaseException) -> int:
     """Print a one-line error (no traceback for bad input) and return the exit code."""
     print(f"error: {err}", file=sys.stderr)

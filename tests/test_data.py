@@ -1,3 +1,4 @@
+import os
 import textwrap
 
 import pytest
@@ -64,6 +65,15 @@ def test_source_dir(tmp_path, tokenizer):
         (tmp_path / f"mod{i}.py").write_text(f"def function_{i}():\n{body}\n    return value_{i}_0\n")
     tasks = build_tasks(tokenizer, "low", n=2, input_tokens=2048, source_dir=tmp_path)
     assert all(t.target_file.startswith("mod") for t in tasks)
+
+
+def test_source_dir_inside_site_packages(tokenizer):
+    import sklearn
+
+    root = os.path.dirname(sklearn.__file__)
+    assert "site-packages" in root
+    files = load_corpus(root)
+    assert len(files) > 100 and all("site-packages" not in f.name for f in files)
 
 
 def test_bad_input_is_clear(tokenizer, tmp_path):

@@ -8,7 +8,7 @@ from rift_ada.evaluate import build_parser, run
 ENV = dict(os.environ, HF_HUB_OFFLINE="1")
 
 
-def test_evaluate_json_fields_and_greedy_match():
+def test_evaluate_json_fields_and_greedy_match(testbed_draft):
     args = build_parser().parse_args(["--policy", "rift-dyn", "--period", "16", "--budget", "256", "--prompts", "2",
                                       "--input-tokens", "1024", "--max-new-tokens", "48", "--drafter", "testbed"])
     out = run(args)
@@ -18,8 +18,9 @@ def test_evaluate_json_fields_and_greedy_match():
     assert out["prompts"] == 2 and out["target_greedy_match"] == 1.0
     assert 1.0 <= out["acceptance_length"] <= 12.0 and len(out["acceptance_length_by_quarter"]) == 4
     assert out["refreshes"] >= 2  # at least one per prompt with a 16-token period over 48 tokens
-    # budget 256 + up to k + 1 tokens in flight, 2 layers x (K, V) x 2 KV heads x head_dim 32 x 4 bytes
-    per_token = 2 * 2 * 2 * 32 * 4
+    # budget 256 + up to k + 1 tokens in flight; layers x (K, V) x KV heads x head_dim x 4 bytes (fp32)
+    cfg = testbed_draft.config
+    per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 4
     assert out["draft_active_kv_bytes"] <= (256 + 12) * per_token
 
 

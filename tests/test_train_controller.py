@@ -30,10 +30,11 @@ def test_main_job_small_run_writes_wandb_offline_table_and_outputs(tmp_path):
     assert Path(metrics["controller"]).exists()
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("run-*.wandb"))
-    tables = list(runs[0].glob("files/media/table/**/*.table.json"))
-    assert tables, "the tradeoff table is in the offline run"
-    table = json.loads(tables[0].read_text())
-    assert table["columns"][:3] == ["family", "knob", "acceptance_length"] and len(table["data"]) == len(rows)
+    tables = [json.loads(t.read_text()) for t in runs[0].glob("files/media/table/**/*.table.json")]
+    tradeoff = [t for t in tables if t["columns"][:3] == ["family", "knob", "acceptance_length"]]
+    assert len(tradeoff) == 1, "the tradeoff table is in the offline run"
+    assert len(tradeoff[0]["data"]) == len(rows)
+    assert any(t["columns"] == ["step", "lineKey", "lineVal"] for t in tables), "and its line plot"
 
 
 def test_help_and_bad_values():

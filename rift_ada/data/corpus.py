@@ -44,8 +44,10 @@ def load_corpus(source_dir: str | Path | None = None, split: str = "all", min_li
         raise FileNotFoundError(f"source directory {str(root)!r} does not exist or is not a folder")
     files = []
     for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).as_posix()
-        if "site-packages" in path.parts or not path.is_file() or path.stat().st_size > MAX_FILE_BYTES:
+        rel_path = path.relative_to(root)
+        rel = rel_path.as_posix()
+        # Only below the root: a code base the user names may itself live in site-packages.
+        if "site-packages" in rel_path.parts or not path.is_file() or path.stat().st_size > MAX_FILE_BYTES:
             continue
         if split != "all" and split_of(rel) != split:
             continue

@@ -167,3 +167,8 @@ def _build_one(lt: _LineTokens, files, family, i, input_tokens, reference_tokens
         target_file=target.name,
         files=tuple(nm for nm, _ in distractors),
     )
+
+
+def encode_prompts(tokenizer, tasks: Sequence[Task]) -> list[list[int]]:
+    """Token ids of each task's prompt (no special tokens: the prompt is the text, as built)."""
+    return [tokenizer(t.prompt, add_special_tokens=False)["input_ids"] for t in tasks]

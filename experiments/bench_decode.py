@@ -5,8 +5,9 @@
 
 For each prompt length it decodes the same prompts with a full draft cache and with RIFT (rift-stat) and reports the
 draft's peak active KV bytes and its time per draft forward. It then compares end-to-end tokens/s of rift-ada's
-speculative loop (external drafter) with HF assisted generation (`generate(assistant_model=...)`, fixed 11 draft
-tokens, no confidence stop) and with plain greedy `generate`, checking that all three produce the same tokens.
+speculative loop (external drafter; full draft cache, and rift-dyn) with HF assisted generation
+(`generate(assistant_model=...)`, fixed 11 draft tokens, no confidence stop) and with plain greedy `generate`,
+checking that all of them produce the same tokens.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
     p.add_argument("--budget", type=int, default=512)
+    p.add_argument("--period", type=int, default=32, help="rift-dyn refresh period in the end-to-end comparison")
     p.add_argument("--draft-length", type=int, default=11)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--prompts", type=int, default=2)
@@ -70,10 +72,13 @@ def main(argv=None) -> int:
                 "acceptance_length": sum(acceptance_length(x.rounds) for x in res) / len(res),
             }
 
-        # End-to-end: rift-ada (rift-stat draft cache) vs HF assisted generation vs plain greedy, same tokens.
-        dec = SpeculativeDecoder(pair.target, pair.draft, CachePolicy("rift-stat", budget=args.budget),
-                                 args.draft_length, eos_token_id=eos)
-        ours, t_ours = timed(lambda: [dec.generate(ids, args.max_new_tokens).tokens for ids in prompts])
+        # End-to-end, same tokens: rift-ada's loop with a full draft cache (HF's setting) and with rift-dyn, HF
+        # assisted generation, plain greedy decoding.
+        ours = {}
+        for label, pol in (("rift_ada_full", CachePolicy("full")),
+                           ("rift_ada_dyn", CachePolicy("rift-dyn", budget=args.budget, period=args.period))):
+            dec = SpeculativeDecoder(pair.target, pair.draft, pol, args.draft_length, eos_token_id=eos)
+            ours[label] = timed(lambda: [dec.generate(ids, args.max_new_tokens).tokens for ids in prompts])
         plain, t_plain = timed(lambda: [greedy_continuation(pair.target, ids, args.max_new_tokens, eos)
                                         for ids in prompts])
 
@@ -90,9 +95,9 @@ def main(argv=None) -> int:
 
         hf, t_hf = timed(hf_assisted)
         n_tok = sum(len(t) for t in plain)
-        row["tokens_per_second"] = {"rift_ada": sum(len(t) for t in ours) / t_ours, "hf_assisted": n_tok / t_hf,
+        row["tokens_per_second"] = {**{k: n_tok / t for k, (_, t) in ours.items()}, "hf_assisted": n_tok / t_hf,
                                     "target_greedy": n_tok / t_plain}
-        row["same_output"] = {"rift_ada": ours == plain, "hf_assisted": hf == plain}
+        row["same_output"] = {**{k: toks == plain for k, (toks, _) in ours.items()}, "hf_assisted": hf == plain}
         report["lengths"].append(row)
         print(json.dumps(row), file=sys.stderr)
 

@@ -1,6 +1,6 @@
 """Learn when to refresh the draft's RIFT cache, and compare every controller family on a tradeoff curve.
 
-    python experiments/train_controller.py                  # built-in testbed, ~10 minutes on 2 CPU cores
+    python experiments/train_controller.py                  # built-in testbed, about 15 minutes on 2 CPU cores
 
 1. Counterfactual data on training prompts: at many decoder states, fork, refresh in one branch only, and compare
    the accepted tokens of the next rounds.
@@ -44,12 +44,12 @@ def parse_args(argv=None):
     m.add_argument("--window-fraction", type=float, default=0.5)
     m.add_argument("--scorer", default="snapkv")
     m.add_argument("--draft-length", type=int, default=11)
-    m.add_argument("--task", default="low",
+    m.add_argument("--task", default="low,high",
                    help="task family: low, mixed, high, or a comma-separated mix (e.g. low,high: the controller must "
                         "learn where a refresh pays off)")
     m.add_argument("--input-tokens", type=int, default=2048)
     m.add_argument("--max-new-tokens", type=int, default=256)
-    m.add_argument("--train-prompts", type=int, default=12, help="prompts for counterfactual data and PPO")
+    m.add_argument("--train-prompts", type=int, default=8, help="prompts for counterfactual data and PPO")
     m.add_argument("--eval-prompts", type=int, default=6, help="held-out prompts for the tradeoff curves")
     t = p.add_argument_group("training")
     t.add_argument("--horizon", type=int, default=8, help="rounds per counterfactual branch")
@@ -58,8 +58,8 @@ def parse_args(argv=None):
     t.add_argument("--label-margin", type=float, default=None,
                    help="label a state 'refresh' when refreshing gains more accepted tokens than this over the "
                         "horizon (default: the refresh cost)")
-    t.add_argument("--ppo-timesteps", type=int, default=3000, help="PPO environment steps (rounds) per lambda")
-    t.add_argument("--lams", type=float, nargs="+", default=[0.25, 1.0, 4.0], help="refresh-cost weights for PPO")
+    t.add_argument("--ppo-timesteps", type=int, default=2000, help="PPO environment steps (rounds) per lambda")
+    t.add_argument("--lams", type=float, nargs="+", default=[1.0, 4.0], help="refresh-cost weights for PPO")
     k = p.add_argument_group("tradeoff sweep")
     k.add_argument("--periods", type=int, nargs="+", default=[16, 32, 64, 128, 256])
     k.add_argument("--acc-thresholds", type=float, nargs="+", default=[0.3, 0.5, 0.7, 0.85])

@@ -44,3 +44,13 @@ def random_model(arch: str = "llama", vocab: int = 128, layers: int = 2, hidden:
                   attn_implementation="sdpa")
     torch.manual_seed(seed)
     return model_cls(cfg).eval()
+
+
+def feed(model, cache, tokens, observe=True):
+    """One forward of ``tokens`` over ``cache`` at their logical positions (recording queries for a RiftCache)."""
+    start = cache.get_seq_length()
+    ids = torch.tensor([tokens])
+    pos = torch.arange(start, start + len(tokens))[None]
+    kw = {"rift_observer": cache} if observe else {}
+    with torch.no_grad():
+        return model(ids, cache=cache, position_ids=pos, **kw).logits[0]

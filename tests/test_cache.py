@@ -6,16 +6,7 @@ from rift_ada.attention import use_rift_attention
 from rift_ada.cache import RiftCache
 from rift_ada.policies import CachePolicy
 from rift_ada.scorers import SCORERS, SnapKVScorer, make_scorer, pool_scores, window_attention
-from tests.conftest import random_model
-
-
-def feed(model, cache, tokens, observe=True):
-    start = cache.get_seq_length()
-    ids = torch.tensor([tokens])
-    pos = torch.arange(start, start + len(tokens))[None]
-    kw = {"rift_observer": cache} if observe else {}
-    with torch.no_grad():
-        return model(ids, cache=cache, position_ids=pos, **kw).logits[0]
+from tests.conftest import feed, random_model
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

@@ -7,15 +7,8 @@ from rift_ada import lora
 from rift_ada.attention import use_rift_attention
 from rift_ada.cache import RiftCache
 from rift_ada.policies import CachePolicy
-from tests.conftest import random_model
+from tests.conftest import feed, random_model
 from trainers import compressibility as C
-
-
-def feed(model, cache, tokens):
-    start = cache.get_seq_length()
-    with torch.no_grad():
-        return model(torch.tensor([tokens]), cache=cache, position_ids=torch.arange(start, start + len(tokens))[None],
-                     rift_observer=cache).logits[0]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

@@ -14,7 +14,8 @@ import gymnasium as gym
 import numpy as np
 
 from rift_ada import signals
-from rift_ada.data import build_tasks
+from rift_ada.data import build_tasks, encode_prompts
+from rift_ada.metrics import acceptance_length
 from rift_ada.policies import CachePolicy
 from rift_ada.speculative import SpeculativeDecoder
 
@@ -50,7 +51,7 @@ class RefreshEnv(gym.Env):
         if tasks is None:
             tasks = build_tasks(pair.tokenizer, task, n=prompts, input_tokens=input_tokens, seed=prompt_seed,
                                 source_dir=source_dir, split=None if source_dir else split)
-        self.prompts = [pair.tokenizer(t.prompt, add_special_tokens=False)["input_ids"] for t in tasks]
+        self.prompts = encode_prompts(pair.tokenizer, tasks)
         self.max_new_tokens, self.lam, self.refresh_cost = max_new_tokens, lam, refresh_cost
         self.decoder_seed = decoder_seed
         self.action_space = gym.spaces.Discrete(2)
@@ -85,7 +86,7 @@ class RefreshEnv(gym.Env):
         return {
             "accepted": rec.accepted if rec else 0,
             "refreshed": rec.refreshed if rec else False,
-            "acceptance_length": (sum(r.accepted + 1 for r in rounds) / len(rounds)) if rounds else 0.0,
+            "acceptance_length": acceptance_length(rounds),
             "refreshes": self.decoder.result.refreshes,
             "generated_tokens": len(self.decoder.result.tokens),
             "prompt_index": self.prompt_index,

@@ -19,12 +19,12 @@ import time
 
 import torch
 
-from rift_ada.data import build_tasks
+from rift_ada.data import build_tasks, encode
 from rift_ada.metrics import acceptance_length
 from rift_ada.models import load_pair
 from rift_ada.policies import CachePolicy
 from rift_ada.speculative import SpeculativeDecoder
-from rift_ada.testbed.check import encode, greedy_continuation
+from rift_ada.testbed.check import greedy_continuation
 
 
 def timed(fn):

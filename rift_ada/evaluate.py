@@ -76,7 +76,8 @@ def run(args) -> dict:
     from .metrics import acceptance_length, summarize
     from .models import load_pair
     from .speculative import SpeculativeDecoder
-    from .testbed.check import encode, greedy_continuation
+    from .data import encode
+    from .testbed.check import greedy_continuation
 
     policy = policy_from_args(args)
     decide = None

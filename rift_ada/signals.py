@@ -37,7 +37,7 @@ def index(name: str) -> int:
 def observe(decoder) -> np.ndarray:
     """The signal vector of a :class:`~rift_ada.speculative.SpeculativeDecoder` between rounds."""
     rounds = decoder.result.rounds
-    acc = [r.accepted / max(r.draft_length, 1) if r.draft_length else 1.0 for r in rounds[-HISTORY:][::-1]]
+    acc = [r.accepted / r.draft_length if r.draft_length else 1.0 for r in rounds[-HISTORY:][::-1]]
     acc += [1.0] * (HISTORY - len(acc))
     log_v = math.log(decoder.draft.config.vocab_size)
     last = rounds[-1] if rounds else None

@@ -5,11 +5,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from rift_ada.data import build_tasks
+from rift_ada.data import build_tasks, encode
 from rift_ada.policies import POLICIES, CachePolicy
 from rift_ada.scorers import SCORERS
 from rift_ada.speculative import SpeculativeDecoder
-from rift_ada.testbed.check import encode, greedy_continuation
+from rift_ada.testbed.check import greedy_continuation
 from tests.conftest import random_model
 
 

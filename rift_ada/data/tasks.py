@@ -169,6 +169,10 @@ def _build_one(lt: _LineTokens, files, family, i, input_tokens, reference_tokens
     )
 
 
+def encode(tokenizer, text: str) -> list[int]:
+    """Token ids of ``text`` as built (no special tokens added)."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
 def encode_prompts(tokenizer, tasks: Sequence[Task]) -> list[list[int]]:
-    """Token ids of each task's prompt (no special tokens: the prompt is the text, as built)."""
-    return [tokenizer(t.prompt, add_special_tokens=False)["input_ids"] for t in tasks]
+    return [encode(tokenizer, t.prompt) for t in tasks]

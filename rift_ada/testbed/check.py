@@ -5,12 +5,8 @@ from __future__ import annotations
 import torch
 from tqdm.auto import tqdm
 
-from ..data.tasks import Task
+from ..data.tasks import Task, encode
 from ..models import check_vocab
-
-
-def encode(tokenizer, text: str) -> list[int]:
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def check_fits(model, n_tokens: int, what: str = "prompt + generation") -> None:

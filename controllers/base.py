@@ -7,6 +7,7 @@ exportable. ``decide`` returns True to refresh the draft cache before the coming
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -39,8 +40,24 @@ def write_json(path: str | Path, payload: dict) -> None:
     Path(path).write_text(json.dumps(payload, indent=1))
 
 
+def read_json_object(path: str | Path) -> dict:
+    """The JSON object in ``path``; ValueError (one line naming the file) for anything else."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a controller file (not UTF-8 text; PPO controllers are .pt files)") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON (line {e.lineno}: {e.msg}); controllers are .json (rules, "
+                         "logistic) or .pt (PPO) files") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read it ({e.strerror})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: holds a JSON {type(data).__name__}, not a controller object with a 'kind'")
+    return data
+
+
 def read_json(path: str | Path, kind: str) -> dict:
-    data = json.loads(Path(path).read_text())
+    data = read_json_object(path)
     if data.get("kind") != kind:
         raise ValueError(f"{path} holds a {data.get('kind')!r} controller, not {kind!r}")
     check_signal_order(data.get("signals"), path)
@@ -48,5 +65,50 @@ def read_json(path: str | Path, kind: str) -> dict:
 
 
 def check_signal_order(names, path) -> None:
-    if list(names or []) != list(signals.NAMES):
+    if names is None:
+        raise ValueError(f"{path}: missing field 'signals' (the signal order the controller was trained on)")
+    if not isinstance(names, (list, tuple)) or list(names) != list(signals.NAMES):
         raise ValueError(f"{path} was trained on signals {names}, but this version observes {list(signals.NAMES)}")
+
+
+# Field checks for loaded files: a wrong field is named in one line, instead of failing later inside decide().
+_REQUIRED = object()
+
+
+def is_number(v, finite: bool = True) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and (math.isfinite(v) or not finite)
+
+
+def number(data: dict, key: str, path, integer: bool = False, minimum: float | None = None,
+           maximum: float | None = None, finite: bool = True, default=_REQUIRED):
+    """``data[key]`` checked to be a number (an int with ``integer``) within [minimum, maximum]."""
+    if key not in data:
+        if default is _REQUIRED:
+            raise ValueError(f"{path}: missing field {key!r}")
+        return default
+    v = data[key]
+    what = "an integer" if integer else "a finite number" if finite else "a number"
+    if not is_number(v, finite) or (integer and not isinstance(v, int)):
+        raise ValueError(f"{path}: {key!r} must be {what}, got {short(v)}")
+    if (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
+        bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{path}: {key!r} must be {bounds}, got {v}")
+    return v
+
+
+def numbers(data: dict, key: str, path, length: int, minimum: float | None = None) -> list:
+    """``data[key]`` checked to be a list of ``length`` finite numbers (one per signal), each >= ``minimum``."""
+    if key not in data:
+        raise ValueError(f"{path}: missing field {key!r}")
+    v = data[key]
+    if (not isinstance(v, list) or len(v) != length or not all(is_number(x) for x in v)
+            or (minimum is not None and min(v) < minimum)):
+        low = "" if minimum is None else f" >= {minimum}"
+        raise ValueError(f"{path}: {key!r} must be a list of {length} finite numbers{low} (one per signal), "
+                         f"got {short(v)}")
+    return v
+
+
+def short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from .base import read_json_object
 from .logistic import LogisticController
 from .ppo import PPOController
 from .rules import NeverController, PeriodicController, ThresholdController
@@ -14,16 +14,19 @@ _JSON_KINDS = {"never": NeverController, "periodic": PeriodicController, "thresh
 
 
 def load_controller(path: str | Path):
-    """A controller from a ``.json`` (rules, logistic) or ``.pt`` (PPO) file."""
+    """A controller from a ``.json`` (rules, logistic) or ``.pt`` (PPO) file.
+
+    FileNotFoundError for a missing file; ValueError, in one line naming the file and what is wrong, for a file that
+    is not a valid controller (corrupt, truncated, wrong structure, wrong types, unknown kind, other signals).
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"controller file {str(path)!r} does not exist")
     if path.suffix == ".pt":
         return PPOController.load(path)
-    try:
-        kind = json.loads(path.read_text()).get("kind")
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ValueError(f"{path} is neither a controller JSON file nor a .pt PPO controller") from None
-    if kind not in _JSON_KINDS:
-        raise ValueError(f"{path}: unknown controller kind {kind!r}")
+    kind = read_json_object(path).get("kind")
+    if not isinstance(kind, str) or kind not in _JSON_KINDS:
+        what = "no 'kind' field" if kind is None else f"unknown controller kind {kind!r}"
+        raise ValueError(f"{path}: {what}; a .json controller is one of "
+                         f"{', '.join(_JSON_KINDS)} (PPO controllers are .pt files)")
     return _JSON_KINDS[kind].load(path)

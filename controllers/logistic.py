@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .base import check_observation, read_json, write_json
+from rift_ada import signals
+
+from .base import check_observation, number, numbers, read_json, write_json
 
 
 @dataclass
@@ -62,5 +64,6 @@ class LogisticController:
     @classmethod
     def load(cls, path) -> "LogisticController":
         d = read_json(path, "logistic")
-        return cls(weights=np.asarray(d["weights"], dtype=np.float64), bias=d["bias"], threshold=d["threshold"],
-                   min_gap=d.get("min_gap", 0))
+        return cls(weights=np.asarray(numbers(d, "weights", path, len(signals.NAMES)), dtype=np.float64),
+                   bias=number(d, "bias", path), threshold=number(d, "threshold", path, minimum=0, maximum=1),
+                   min_gap=number(d, "min_gap", path, integer=True, minimum=0, default=0))

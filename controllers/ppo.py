@@ -4,10 +4,16 @@ loading need only torch.
 The exported file holds the policy MLP (``mlp_extractor.policy_net`` + ``action_net``), its activation, the
 VecNormalize observation statistics baked in, and the signal order. ``decide`` is the argmax action, which is what
 ``PPO.predict(obs, deterministic=True)`` returns.
+
+Loading uses ``torch.load(weights_only=True)`` (tensors and plain values only: a controller file from elsewhere cannot
+run code) and checks every field, so a corrupt, truncated or foreign file is refused in one line naming it.
 """
 
 from __future__ import annotations
 
+import pickle
+import warnings
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +23,7 @@ from torch import nn
 
 from rift_ada import signals
 
-from .base import check_observation, check_signal_order
+from .base import check_observation, check_signal_order, number, numbers, short
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -59,18 +65,78 @@ class PPOController:
         return bool(self.decide_batch(check_observation(observation)[None])[0])
 
     def save(self, path) -> None:
-        torch.save({"kind": "ppo", "signals": list(signals.NAMES), "sizes": self.sizes, "activation": self.activation,
-                    "state_dict": self.net.state_dict(), "obs_mean": self.obs_mean.tolist(),
-                    "obs_var": self.obs_var.tolist(), "epsilon": self.epsilon, "clip": self.clip, "lam": self.lam},
-                   path)
+        # Plain Python numbers: numpy scalars are not among the types a weights-only load accepts.
+        torch.save({"kind": "ppo", "signals": list(signals.NAMES), "sizes": [int(s) for s in self.sizes],
+                    "activation": self.activation, "state_dict": self.net.state_dict(),
+                    "obs_mean": np.asarray(self.obs_mean, dtype=np.float64).tolist(),
+                    "obs_var": np.asarray(self.obs_var, dtype=np.float64).tolist(), "epsilon": float(self.epsilon),
+                    "clip": float(self.clip), "lam": None if self.lam is None else float(self.lam)}, path)
 
     @classmethod
     def load(cls, path: str | Path) -> "PPOController":
-        d = torch.load(path, map_location="cpu", weights_only=True)
-        if d.get("kind") != "ppo":
-            raise ValueError(f"{path} is not a PPO controller file")
-        check_signal_order(d["signals"], path)
-        net = build_mlp(d["sizes"], d["activation"])
-        net.load_state_dict(d["state_dict"])
-        return cls(net.eval(), d["sizes"], d["activation"], np.asarray(d["obs_mean"]), np.asarray(d["obs_var"]),
-                   d["epsilon"], d["clip"], d.get("lam"))
+        """A controller saved by :meth:`save`; ValueError (one line naming the file) for anything else."""
+        d = _read_torch_file(path)
+        if not isinstance(d, dict) or d.get("kind") != "ppo":
+            held = f"kind {d.get('kind')!r}" if isinstance(d, dict) else f"a {type(d).__name__}"
+            raise ValueError(f"{path}: not a PPO controller file (it holds {held}; expected a dict with kind 'ppo')")
+        check_signal_order(d.get("signals"), path)
+        n = len(signals.NAMES)
+        sizes = d.get("sizes")
+        if not (isinstance(sizes, list) and len(sizes) >= 2 and sizes[0] == n and sizes[-1] == 2
+                and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes)):
+            raise ValueError(f"{path}: 'sizes' must list the MLP's widths from {n} signals to 2 actions, "
+                             f"got {short(sizes)}")
+        if not isinstance(d.get("activation"), str) or d["activation"] not in _ACTIVATIONS:
+            raise ValueError(f"{path}: 'activation' must be one of {', '.join(_ACTIVATIONS)}, "
+                             f"got {short(d.get('activation'))}")
+        net = build_mlp(sizes, d["activation"])
+        _load_weights(net, d.get("state_dict"), path)
+        return cls(net.eval(), sizes, d["activation"], np.asarray(numbers(d, "obs_mean", path, n)),
+                   np.asarray(numbers(d, "obs_var", path, n, minimum=0)),
+                   number(d, "epsilon", path, minimum=0), number(d, "clip", path, minimum=0, finite=False),
+                   None if d.get("lam") is None else number(d, "lam", path))
+
+
+def _read_torch_file(path) -> object:
+    """``torch.load(weights_only=True)`` with one-line errors. torch's own messages run to 26 lines and advise
+    retrying with ``weights_only=False``, which would execute code from the file: never do that here."""
+    path = Path(path)
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path}: the file is empty, not a PPO controller")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a truncated one has lost its directory
+        raise ValueError(f"{path}: not a torch zip archive: truncated, corrupt, or not a PPO controller file")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. a note on the pickle protocol, printed to stderr
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"{path}: refused: it holds objects a safe load does not allow ({_torch_reason(e)}); a "
+                         "PPO controller file holds only tensors and plain values") from None
+    except Exception as e:  # a damaged archive: RuntimeError, EOFError, ... from torch's reader
+        raise ValueError(f"{path}: unreadable torch file ({_torch_reason(e)}): truncated or corrupt") from None
+
+
+def _torch_reason(err: BaseException) -> str:
+    """torch's reason, without its advice about ``weights_only`` and its boilerplate."""
+    advice = ("weights_only", "Weights only", "torch.load", "safe_globals", "file an issue")
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    reason = next((line for line in lines if not any(a in line for a in advice)), type(err).__name__)
+    return reason.split(". ")[0].rstrip(".")
+
+
+def _load_weights(net: nn.Sequential, state, path) -> None:
+    """Copy ``state`` into ``net`` after checking its names, shapes and values (one line for the first mismatch)."""
+    expected = net.state_dict()
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path}: 'state_dict' must map parameter names to tensors, got {short(state)}")
+    if set(state) != set(expected):
+        missing, extra = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+        raise ValueError(f"{path}: 'state_dict' does not fit 'sizes' (missing {missing or 'none'}, "
+                         f"unexpected {extra or 'none'})")
+    for k, v in expected.items():
+        if state[k].shape != v.shape:
+            raise ValueError(f"{path}: 'state_dict' entry {k!r} has shape {tuple(state[k].shape)}, but 'sizes' "
+                             f"needs {tuple(v.shape)}")
+        if not state[k].is_floating_point() or not torch.isfinite(state[k]).all():
+            raise ValueError(f"{path}: 'state_dict' entry {k!r} holds non-finite or non-float values")
+    net.load_state_dict(state)

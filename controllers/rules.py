@@ -9,7 +9,7 @@ import numpy as np
 
 from rift_ada import signals
 
-from .base import check_observation, read_json, write_json
+from .base import check_observation, is_number, number, read_json, short, write_json
 
 _OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 
@@ -60,7 +60,7 @@ class PeriodicController:
 
     @classmethod
     def load(cls, path) -> "PeriodicController":
-        return cls(period=read_json(path, "periodic")["period"])
+        return cls(period=number(read_json(path, "periodic"), "period", path, integer=True, minimum=1))
 
 
 @dataclass
@@ -94,4 +94,13 @@ class ThresholdController:
     @classmethod
     def load(cls, path) -> "ThresholdController":
         data = read_json(path, "threshold")
-        return cls(rules=[tuple(r) for r in data["rules"]], min_gap=data["min_gap"])
+        rules = data.get("rules")
+        if not isinstance(rules, list) or not rules:
+            raise ValueError(f"{path}: 'rules' must be a non-empty list of [signal, comparison, value], "
+                             f"got {short(rules)}")
+        for r in rules:
+            if not (isinstance(r, list) and len(r) == 3 and r[0] in signals.NAMES and isinstance(r[1], str)
+                    and r[1] in _OPS and is_number(r[2])):
+                raise ValueError(f"{path}: each rule must be [signal, comparison, number] with a signal among "
+                                 f"{', '.join(signals.NAMES)} and a comparison among {', '.join(_OPS)}, got {short(r)}")
+        return cls(rules=[tuple(r) for r in rules], min_gap=number(data, "min_gap", path, integer=True, minimum=0))

@@ -19,12 +19,7 @@ import time
 
 import torch
 
-from rift_ada.data import build_tasks, encode
-from rift_ada.metrics import acceptance_length
-from rift_ada.models import load_pair
-from rift_ada.policies import CachePolicy
-from rift_ada.speculative import SpeculativeDecoder
-from rift_ada.testbed.check import greedy_continuation
+from rift_ada.cli import ArgumentParser, add_runtime_options, apply_runtime, check_output, fail, require_positive
 
 
 def timed(fn):
@@ -36,25 +31,43 @@ def timed(fn):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="testbed")
-    p.add_argument("--drafter", default="testbed")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
+    p.add_argument("--drafter", default="testbed", help="an external draft: 'testbed', a local folder or a hub id")
+    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096], help="prompt lengths in tokens")
     p.add_argument("--budget", type=int, default=512)
     p.add_argument("--period", type=int, default=32, help="rift-dyn refresh period in the end-to-end comparison")
     p.add_argument("--draft-length", type=int, default=11)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--prompts", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--output", default=None, help="also write the JSON here")
+    add_runtime_options(p)
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    pair = load_pair(args.target, args.drafter, device=args.device)
-    if pair.self_speculative:
+    require_positive(p, args, ("budget", "period", "draft_length", "max_new_tokens", "prompts"))
+    if min(args.lengths) < 1:
+        p.error("--lengths must be >= 1")
+    if args.drafter == "self":
         p.error("--drafter must be an external draft model (HF assisted generation needs one)")
+    try:
+        apply_runtime(args)
+        check_output(args.output)
+    except ValueError as e:
+        return fail(e)
+    # Imported after the option checks, so bad options fail without importing transformers.
+    from rift_ada.data import build_tasks, encode
+    from rift_ada.metrics import acceptance_length
+    from rift_ada.models import load_pair
+    from rift_ada.policies import CachePolicy
+    from rift_ada.speculative import SpeculativeDecoder
+    from rift_ada.testbed.check import greedy_continuation
+
+    try:
+        pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:  # ModelLoadError is a RuntimeError
+        return fail(e)
     eos = pair.tokenizer.eos_token_id
-    report = {"budget": args.budget, "draft_length": args.draft_length, "device": args.device, "lengths": []}
+    report = {"budget": args.budget, "draft_length": args.draft_length, "device": args.device,
+              "threads": args.threads, "lengths": []}
 
     for length in args.lengths:
         tasks = build_tasks(pair.tokenizer, "low", n=args.prompts, input_tokens=length, seed=0)

@@ -12,15 +12,14 @@ import argparse
 import json
 import sys
 
-import torch
-
+from rift_ada.cli import ArgumentParser, add_runtime_options, apply_runtime, check_output, fail
 from rift_ada.evaluate import build_parser, run
 
 POLICIES = [("full", []), ("window", []), ("snapkv", []), ("rift-stat", []), ("rift-dyn", ["--period", "32"])]
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="testbed")
     p.add_argument("--drafters", nargs="+", default=["self", "testbed"], help="'self', 'testbed' or draft folders")
     p.add_argument("--budget", type=int, default=512)
@@ -30,23 +29,31 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--task", default="low")
     p.add_argument("--lookahead", type=int, default=64, help="snapkv scores extended forward (0 = plain SnapKV)")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--output", default=None)
+    p.add_argument("--output", default=None, help="also write every number here (JSON)")
+    add_runtime_options(p)
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
     rows = []
-    for drafter in args.drafters:
-        for name, extra in POLICIES:
-            if name == "rift-dyn":
-                extra = ["--period", str(args.period)]
-            ev = build_parser().parse_args(
-                ["--target", args.target, "--drafter", drafter, "--policy", name, "--budget", str(args.budget), "--prompts", str(args.prompts),
-                 "--input-tokens", str(args.input_tokens), "--max-new-tokens", str(args.max_new_tokens),
-                 "--task", args.task, "--lookahead", str(args.lookahead), "--json", *extra])
-            res = run(ev)
-            res["drafter"] = drafter
-            rows.append(res)
-            print(f"{drafter:>8} {name:>10}: AL {res['acceptance_length']:.3f}", file=sys.stderr)
+    try:
+        apply_runtime(args)
+        check_output(args.output)
+        runtime = ["--device", args.device, "--threads", str(args.threads)]
+        if args.dtype:
+            runtime += ["--dtype", args.dtype]
+        for drafter in args.drafters:
+            for name, extra in POLICIES:
+                if name == "rift-dyn":
+                    extra = ["--period", str(args.period)]
+                ev = build_parser().parse_args(
+                    ["--target", args.target, "--drafter", drafter, "--policy", name, "--budget", str(args.budget),
+                     "--prompts", str(args.prompts), "--input-tokens", str(args.input_tokens),
+                     "--max-new-tokens", str(args.max_new_tokens), "--task", args.task,
+                     "--lookahead", str(args.lookahead), "--json", *runtime, *extra])
+                res = run(ev)
+                res["drafter"] = drafter
+                rows.append(res)
+                print(f"{drafter:>8} {name:>10}: AL {res['acceptance_length']:.3f}", file=sys.stderr)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:  # ModelLoadError is a RuntimeError
+        return fail(e)
     lines = ["| drafter | policy | AL | % of full | AL by quarter | refreshes | peak draft KV | greedy match |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:

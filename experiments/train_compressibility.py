@@ -1,6 +1,6 @@
 """Train a draft to tolerate RIFT compression: LoRA distillation under the sparse attention it meets at inference.
 
-    python experiments/train_compressibility.py                      # testbed draft, ~10 minutes on 2 CPU cores
+    python experiments/train_compressibility.py                      # testbed draft, about 14 minutes on 2 CPU cores
     python experiments/train_compressibility.py --drafter self       # LoRA on the target as its own drafter
 
 1. Target outputs (continuations + top-k log-probabilities) for training prompts, stored in <output-dir>/targets
@@ -8,24 +8,30 @@
 2. LoRA training (peft) of the drafter: a frozen dense pass picks importance positions with the inference scorer,
    a masked pass learns KL(target || draft) on the continuation; the budget is drawn per sample from
    --ratio-min..--ratio-max of the prompt; RIFT-stat and RIFT-dyn masks are mixed. Checkpoints every
-   --checkpoint-every steps; rerunning the same command resumes from the latest one.
+   --checkpoint-every steps.
 3. The adapter goes to <output-dir>/adapter (``python -m rift_ada.evaluate ... --lora <output-dir>/adapter``).
 4. A table like the paper's: AL of the trained and untrained drafter for rift-stat and rift-dyn at budgets of
    12.5% and 25% of the input, at temperature 0 and 1, and the full-cache AL before and after training.
+
+Resuming: rerunning the same command continues where a run stopped, even after a kill: the target outputs from
+the last finished prompt, training from the latest checkpoint (bit-identical to an uninterrupted run), the table
+from its last finished row (rows in <output-dir>/state). The W&B run resumes under the same id. A rerun with other
+training settings is refused (exit 2); --no-resume starts over (the target outputs are kept when they match).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
+import shutil
 import sys
 import time
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
-from rift_ada.cli import require_positive
+from rift_ada.cli import fail, require_positive
 from rift_ada.metrics import summarize
 
 
@@ -53,7 +59,8 @@ def parse_args(argv=None):
     t.add_argument("--dyn-share", type=float, default=0.5, help="share of samples with RIFT-dyn masks")
     t.add_argument("--lora-rank", type=int, default=8)
     t.add_argument("--checkpoint-every", type=int, default=25)
-    t.add_argument("--no-resume", action="store_true", help="ignore existing checkpoints")
+    t.add_argument("--no-resume", action="store_true",
+                   help="start over: delete the checkpoints and state (table rows, W&B run id) in --output-dir")
     t.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # simulates an interruption
     e = p.add_argument_group("evaluation")
     e.add_argument("--eval-prompts", type=int, default=4)
@@ -66,7 +73,8 @@ def parse_args(argv=None):
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--wandb-project", default="rift-ada")
     o.add_argument("--wandb-mode", default="offline", choices=["offline", "online", "disabled"])
-    o.add_argument("--threads", type=int, default=1, help="torch CPU threads (tiny models: 1 is fastest)")
+    o.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: tiny models at batch 1 run fastest on one thread)")
     args = p.parse_args(argv)
     if not 0 < args.ratio_min <= args.ratio_max <= 1:
         p.error(f"the compression ratio range must satisfy 0 < --ratio-min <= --ratio-max <= 1, got "
@@ -74,24 +82,36 @@ def parse_args(argv=None):
     if any(not 0 < b <= 1 for b in args.budgets):
         p.error("--budgets are fractions of the input in (0, 1]")
     require_positive(p, args, ("steps", "grad_accum", "train_prompts", "eval_prompts", "continuation_tokens", "top_k",
-                               "period", "checkpoint_every", "lora_rank", "eval_new_tokens"))
+                               "period", "checkpoint_every", "lora_rank", "eval_new_tokens", "threads"))
     return args
+
+
+# Options that change neither the target outputs nor training (evaluation options are checked per table row).
+SESSION_OPTIONS = ("output_dir", "no_resume", "stop_after", "checkpoint_every", "threads", "wandb_project",
+                   "wandb_mode", "build_targets_only")
+EVAL_OPTIONS = ("eval_prompts", "eval_new_tokens", "budgets", "temperatures", "draft_length")
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    import wandb
-
     from rift_ada import lora
     from rift_ada.data import build_tasks, encode_prompts
     from rift_ada.models import load_pair
     from trainers import compressibility as C
+    from trainers.state import RunState, config_of, write_json
+    from trainers.wandb_logging import ResumableRun
 
     out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if args.no_resume:
+        for folder in ("checkpoints", "state"):
+            shutil.rmtree(out / folder, ignore_errors=True)
+    state = RunState(out / "state")
+    config = config_of(args, SESSION_OPTIONS + EVAL_OPTIONS)
     t_start = time.time()
     try:
+        if not args.build_targets_only:  # targets alone fix no training settings
+            state.check_config(config, "pass --no-resume to start over with these settings, or another --output-dir")
         pair = load_pair(args.target, args.drafter, device=args.device)
         enc = lambda tasks: encode_prompts(pair.tokenizer, tasks)  # noqa: E731
         targets = Path(args.targets) if args.targets else out / "targets"
@@ -99,22 +119,24 @@ def main(argv=None) -> int:
             if args.targets:
                 raise FileNotFoundError(f"no target outputs in {str(targets)!r} (meta.json missing)")
             fams = ["low", "mixed", "high"]
-            tasks = [t for i, f in enumerate(fams) for t in build_tasks(
+            tasks = [t for i, f in enumerate(tqdm(fams, desc="building prompts")) for t in build_tasks(
                 pair.tokenizer, f, n=-(-args.train_prompts // 3), input_tokens=args.input_tokens,
                 seed=args.seed + 100 + i, split="train")][: args.train_prompts]
             C.build_target_outputs(pair.target, enc(tasks), args.continuation_tokens, targets, args.top_k,
                                    args.target_temperature, args.seed, args.target)
         meta, samples = C.load_target_outputs(targets, vocab_size=pair.draft.config.vocab_size)
+        if not args.targets:
+            check_targets(meta, args, targets)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(e)
     if args.build_targets_only:
         print(f"target outputs: {len(samples)} samples in {targets}")
         return 0
 
     base = pair.draft  # the target itself for --drafter self: it stays unadapted and verifies
-    run = wandb.init(project=args.wandb_project, mode=args.wandb_mode, dir=str(out), config=vars(args),
-                     job_type="train_compressibility")
+    run = ResumableRun(state.path("wandb.json"), project=args.wandb_project, mode=args.wandb_mode, dir=str(out),
+                       config=config, job_type="train_compressibility")
+    run.define_metric("lora/*", step_metric="lora/step")
     torch.manual_seed(args.seed)
     student = lora.attach(copy.deepcopy(base), rank=args.lora_rank, alpha=2 * args.lora_rank)
     cfg = C.TrainConfig(steps=args.steps, lr=args.lr, grad_accum=args.grad_accum,
@@ -130,47 +152,70 @@ def main(argv=None) -> int:
         run.finish()
         return 0
 
-    # Evaluation on held-out prompts: untrained vs trained drafter, same prompts and seeds.
+    # Evaluation on held-out prompts: untrained vs trained drafter, same prompts and seeds; one state unit per row.
     eval_ids = enc(build_tasks(pair.tokenizer, "low", n=args.eval_prompts, input_tokens=args.input_tokens,
                                seed=args.seed, split="eval"))
-    rows = evaluate_table(pair, base, student, eval_ids, args)
+    rows = evaluate_table(pair, base, student, eval_ids, args, state)
     table = format_table(rows)
     results = {"rows": rows, "train_seconds": train_s, "total_seconds": time.time() - t_start,
                "final_kl": trained["history"][-1]["loss"] if trained["history"] else None,
                "samples": len(samples), "target_outputs": str(targets), "adapter": str(out / "adapter")}
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    write_json(out / "results.json", results)
     (out / "table.md").write_text(table + "\n")
     cols = list(rows[0])
-    run.log({"compressibility/table": wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in rows])})
+    run.log({"compressibility/table": wandb_table(cols, [[r[c] for c in cols] for r in rows])})
     run.summary.update({"train_seconds": train_s, "total_seconds": results["total_seconds"]})
     run.finish()
     print(table)
-    print(f"\nadapter: {out / 'adapter'} | training {train_s:.0f} s | total {results['total_seconds']:.0f} s")
+    print(f"\nadapter: {out / 'adapter'} | training {train_s:.0f} s | total {results['total_seconds']:.0f} s "
+          "(this session)")
     return 0
 
 
-def evaluate_table(pair, base, student, eval_ids, args) -> list[dict]:
+def check_targets(meta: dict, args, folder: Path) -> None:
+    """Refuse target outputs in the output folder that were built with other options (an older run's)."""
+    want = {"target": args.target, "top_k": args.top_k, "temperature": args.target_temperature,
+            "continuation_tokens": args.continuation_tokens, "samples": args.train_prompts}
+    diff = [f"{k} {meta.get(k)!r} -> {v!r}" for k, v in want.items() if meta.get(k) != v]
+    if diff:
+        raise ValueError(f"{folder} holds target outputs built with other settings ({'; '.join(diff)}); delete it, "
+                         "or choose another --output-dir")
+
+
+def wandb_table(columns, data):
+    import wandb
+
+    return wandb.Table(columns=columns, data=data)
+
+
+def evaluate_table(pair, base, student, eval_ids, args, state) -> list[dict]:
     from rift_ada.policies import CachePolicy
     from rift_ada.speculative import SpeculativeDecoder
 
     n_input = sum(len(x) for x in eval_ids) / len(eval_ids)
     configs = [("full", None)] + [(pol, frac) for frac in args.budgets for pol in ("rift-stat", "rift-dyn")]
-    rows = []
-    for temp in args.temperatures:
-        for pol_name, frac in configs:
-            budget = None if frac is None else max(2, round(frac * n_input))
-            policy = CachePolicy(pol_name, budget=budget, period=args.period if pol_name == "rift-dyn" else None)
-            al = {}
-            for label, drafter in (("untrained", base), ("trained", student)):
-                draft = None if (drafter is pair.target) else drafter
-                dec = SpeculativeDecoder(pair.target, draft, policy, args.draft_length, temperature=temp,
-                                         eos_token_id=pair.tokenizer.eos_token_id, seed=args.seed)
-                al[label] = summarize([dec.generate(ids, args.eval_new_tokens) for ids in eval_ids],
-                                      args.eval_new_tokens)["acceptance_length"]
-            rows.append({"temperature": temp, "policy": pol_name, "budget_fraction": frac, "budget": budget,
-                         "al_untrained": al["untrained"], "al_trained": al["trained"],
-                         "relative_change": al["trained"] / al["untrained"] - 1})
-    return rows
+    settings = {k: getattr(args, k) for k in ("eval_prompts", "eval_new_tokens", "draft_length")}
+
+    def row(temp, pol_name, frac):
+        budget = None if frac is None else max(2, round(frac * n_input))
+        policy = CachePolicy(pol_name, budget=budget, period=args.period if pol_name == "rift-dyn" else None)
+        al = {}
+        for label, drafter in (("untrained", base), ("trained", student)):
+            draft = None if (drafter is pair.target) else drafter
+            dec = SpeculativeDecoder(pair.target, draft, policy, args.draft_length, temperature=temp,
+                                     eos_token_id=pair.tokenizer.eos_token_id, seed=args.seed)
+            al[label] = summarize([dec.generate(ids, args.eval_new_tokens) for ids in eval_ids],
+                                  args.eval_new_tokens)["acceptance_length"]
+        return {"temperature": temp, "policy": pol_name, "budget_fraction": frac, "budget": budget,
+                "al_untrained": al["untrained"], "al_trained": al["trained"],
+                "relative_change": al["trained"] / al["untrained"] - 1}
+
+    cols = ("temperature", "policy", "budget_fraction", "budget", "al_untrained", "al_trained", "relative_change")
+    todo = [(temp, pol, frac) for temp in args.temperatures for pol, frac in configs]
+    rows = [state.unit(f"eval-t{temp:g}-{pol}-{'full' if frac is None else f'{frac:g}'}",
+                       lambda temp=temp, pol=pol, frac=frac: row(temp, pol, frac), key=settings)
+            for temp, pol, frac in tqdm(todo, desc="evaluation")]
+    return [{c: r[c] for c in cols} for r in rows]
 
 
 def format_table(rows: list[dict]) -> str:

@@ -1,6 +1,7 @@
 """Learn when to refresh the draft's RIFT cache, and compare every controller family on a tradeoff curve.
 
-    python experiments/train_controller.py                  # built-in testbed, about 15 minutes on 2 CPU cores
+    python experiments/train_controller.py                  # built-in testbed, about 12 minutes on 2 CPU cores
+    python experiments/train_controller.py --resume         # after an interruption: continue where it stopped
 
 1. Counterfactual data on training prompts: at many decoder states, fork, refresh in one branch only, and compare
    the accepted tokens of the next rounds.
@@ -12,6 +13,14 @@
    default: ``wandb sync <output-dir>/wandb/offline-run-*`` uploads it later).
 5. Prints, per learned family, the % fewer refreshes than periodic refresh at matched AL and the AL gain at a matched
    refresh count.
+
+Resuming: each finished unit of work (one prompt's counterfactual data, the logistic fit, one PPO run per lambda,
+one sweep point) is stored in <output-dir>/state as soon as it ends. After a kill at any point, ``--resume`` (with the
+same options) loads the finished units, redoes the interrupted one from its start and ends with the same
+tradeoff.csv as an uninterrupted run (every unit is seeded on its own; bit-identical on the same machine and
+--threads). The W&B run resumes under the same id (offline: one offline-run-* folder per session, which ``wandb
+sync`` uploads in order as one run). Without --resume, an output folder holding a previous run is refused (exit 2);
+--overwrite deletes its state and results (not its W&B logs) and starts over.
 """
 
 from __future__ import annotations
@@ -28,10 +37,12 @@ import torch
 from tqdm.auto import tqdm
 
 from controllers import LogisticController, NeverController, PeriodicController, ThresholdController
-from rift_ada.cli import require_positive
+from rift_ada import signals
+from rift_ada.cli import fail, require_positive
 from rift_ada.metrics import summarize
 from rift_ada.signals import decider
 from rift_ada.tradeoff import matched_comparison
+from trainers.state import atomic_write, config_of, open_state, write_json
 
 
 def parse_args(argv=None):
@@ -58,7 +69,8 @@ def parse_args(argv=None):
     t.add_argument("--label-margin", type=float, default=None,
                    help="label a state 'refresh' when refreshing gains more accepted tokens than this over the "
                         "horizon (default: the refresh cost)")
-    t.add_argument("--ppo-timesteps", type=int, default=2000, help="PPO environment steps (rounds) per lambda")
+    t.add_argument("--ppo-timesteps", type=int, default=2000,
+                   help="PPO environment steps (rounds) per lambda, rounded up to whole rollouts of 256")
     t.add_argument("--lams", type=float, nargs="+", default=[1.0, 4.0], help="refresh-cost weights for PPO")
     k = p.add_argument_group("tradeoff sweep")
     k.add_argument("--periods", type=int, nargs="+", default=[16, 32, 64, 128, 256])
@@ -69,10 +81,16 @@ def parse_args(argv=None):
     o.add_argument("--output-dir", default="runs/controller")
     o.add_argument("--wandb-project", default="rift-ada")
     o.add_argument("--wandb-mode", default="offline", choices=["offline", "online", "disabled"])
-    o.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    o.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: tiny models at batch 1 run fastest on one thread)")
+    r = o.add_mutually_exclusive_group()
+    r.add_argument("--resume", action="store_true",
+                   help="continue the run in --output-dir from its last finished unit (same options required)")
+    r.add_argument("--overwrite", action="store_true",
+                   help="delete a previous run's state and results in --output-dir first (its W&B logs stay)")
     args = p.parse_args(argv)
     require_positive(p, args, ("budget", "max_new_tokens", "train_prompts", "eval_prompts", "horizon",
-                               "ppo_timesteps", "draft_length", "label_every"))
+                               "ppo_timesteps", "draft_length", "label_every", "threads"))
     if any(x <= 0 for x in args.periods) or any(x < 0 for x in args.lams) or args.refresh_cost < 0:
         p.error("periods must be > 0; lambdas and the refresh cost >= 0")
     if any(not 0 < x < 1 for x in args.acc_thresholds + args.logistic_thresholds):
@@ -80,15 +98,26 @@ def parse_args(argv=None):
     return args
 
 
+# Files of a finished run (refused or deleted as "a previous run"), and options that do not change its results.
+RESULT_FILES = ("tradeoff.csv", "tradeoff.png", "metrics.json", "controller.json", "controller.pt")
+SESSION_OPTIONS = ("output_dir", "resume", "overwrite", "threads", "wandb_project", "wandb_mode")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
+    config = config_of(args, SESSION_OPTIONS)
+    try:  # before anything slow: a refused --output-dir costs nothing
+        state = open_state(out, config, args.resume, args.overwrite, RESULT_FILES)
+    except ValueError as e:
+        return fail(e)
+    if state.has("done"):
+        print(f"{out} holds a finished run; nothing to resume (results: {out / 'tradeoff.csv'})")
+        return 0
 
-    import wandb
-
+    from controllers import PPOController
     from envs import RefreshEnv
     from rift_ada.data import encode_prompts
     from rift_ada.models import load_pair
@@ -96,93 +125,132 @@ def main(argv=None) -> int:
     from rift_ada.speculative import SpeculativeDecoder
     from trainers import counterfactual
     from trainers.ppo import export_ppo, train_ppo
-    from trainers.wandb_logging import sb3_logger
+    from trainers.wandb_logging import ResumableRun, sb3_logger
 
     try:
         pair = load_pair(args.target, args.drafter, device=args.device)
         policy = CachePolicy("rift-ada", budget=args.budget, window_fraction=args.window_fraction, scorer=args.scorer)
         enc = lambda tasks: encode_prompts(pair.tokenizer, tasks)  # noqa: E731
+        bar = tqdm(total=2 * len(families(args.task)), desc="building prompts")
         train_tasks = mixed_tasks(pair.tokenizer, args.task, args.train_prompts, args.input_tokens, args.seed + 1,
-                                  "train")
-        eval_tasks = mixed_tasks(pair.tokenizer, args.task, args.eval_prompts, args.input_tokens, args.seed, "eval")
+                                  "train", bar)
+        eval_tasks = mixed_tasks(pair.tokenizer, args.task, args.eval_prompts, args.input_tokens, args.seed, "eval",
+                                 bar)
+        bar.close()
     except (ValueError, FileNotFoundError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(e)
     train_ids, eval_ids = enc(train_tasks), enc(eval_tasks)
     draft = None if pair.self_speculative else pair.draft
     make_decoder = lambda pol=policy: SpeculativeDecoder(pair.target, draft, pol, args.draft_length,  # noqa: E731
                                                          eos_token_id=pair.tokenizer.eos_token_id, seed=args.seed)
-    run = wandb.init(project=args.wandb_project, mode=args.wandb_mode, dir=str(out), config=vars(args),
-                     job_type="train_controller")
-    timings = {}
+    sweep = sweep_units(args)
+    done = [sum(state.has(n) for n in names) for names in (
+        [f"counterfactual-{i:03d}" for i in range(len(train_ids))], [f"ppo-lam{x:g}" for x in args.lams],
+        [name for name, *_ in sweep])]
+    if any(done):
+        print(f"resuming {out}: {done[0]}/{len(train_ids)} counterfactual prompts, {done[1]}/{len(args.lams)} PPO "
+              f"runs, {done[2]}/{len(sweep)} sweep points already done", file=sys.stderr)
+    # The W&B run's id lives in the state, so a resumed job logs to the same run.
+    run = ResumableRun(state.path("wandb.json"), project=args.wandb_project, mode=args.wandb_mode, dir=str(out),
+                       config=config, job_type="train_controller")
 
-    # 1. Counterfactual data ------------------------------------------------------------------------------------
-    t0 = time.time()
-    data = counterfactual.collect(make_decoder(), train_ids, args.max_new_tokens, horizon=args.horizon,
-                                  every=args.label_every, seed=args.seed)
+    # Every unit below is deterministic given its inputs (greedy decoding; seeded decoders, PPO and logistic fit) and
+    # returns what its state file holds, so resumed and uninterrupted runs continue with identical values.
+    # 1. Counterfactual data, one unit per prompt ----------------------------------------------------------------
+    periods = counterfactual.behaviour_periods(len(train_ids), seed=args.seed)
+    dec = make_decoder()
+
+    def collect(i):
+        X, gain = counterfactual.collect_prompt(dec, train_ids[i], args.max_new_tokens, periods[i], args.horizon,
+                                                args.label_every)
+        return {"X": X.tolist(), "gain": gain.tolist()}
+
+    parts = [state.unit(f"counterfactual-{i:03d}", lambda i=i: collect(i))
+             for i in tqdm(range(len(train_ids)), desc="counterfactual data")]
+    data = counterfactual.CounterfactualData(
+        np.asarray([x for p in parts for x in p["X"]], dtype=np.float32).reshape(-1, len(signals.NAMES)),
+        np.asarray([g for p in parts for g in p["gain"]], dtype=np.float64), args.horizon)
     labels = data.labels(margin=args.refresh_cost if args.label_margin is None else args.label_margin)
-    timings["counterfactual_s"] = time.time() - t0
-    run.log({"data/states": len(labels), "data/positive_rate": float(labels.mean()),
-             "data/mean_gain": float(data.gain.mean())})
-    print(f"counterfactual data: {len(labels)} states, {labels.mean():.1%} where refreshing paid off "
-          f"({timings['counterfactual_s']:.0f} s)", file=sys.stderr)
+    data_stats = {"states": int(len(labels)), "positive_rate": float(labels.mean()) if len(labels) else 0.0,
+                  "mean_gain": float(data.gain.mean()) if len(labels) else 0.0}
+    print(f"counterfactual data: {len(labels)} states, {data_stats['positive_rate']:.1%} where refreshing paid off "
+          f"({sum(p['seconds'] for p in parts):.0f} s)", file=sys.stderr)
 
-    # 2. Logistic and PPO ---------------------------------------------------------------------------------------
-    logistic = None
-    if len(np.unique(labels)) == 2:
-        logistic = LogisticController.fit(data.X, labels, seed=args.seed)
-        p_train = logistic.sklearn_model.predict_proba(data.X)[:, 1]
-        run.log({"logistic/train_accuracy": float(((p_train > 0.5) == labels).mean())})
-    else:
-        print(f"warning: every counterfactual label is {labels[0]}; skipping the logistic controller (collect "
-              "more states with --train-prompts / --label-every, or change --label-margin)", file=sys.stderr)
-    ppo_controllers = []
-    t0 = time.time()
-    for lam in args.lams:
+    # 2. Logistic (one unit) and PPO (one unit per lambda) -----------------------------------------------------------
+    def fit_logistic():
+        run.log({f"data/{k}": v for k, v in data_stats.items()})
+        if len(np.unique(labels)) < 2:
+            return {"weights": None}
+        fit = LogisticController.fit(data.X, labels, seed=args.seed)
+        accuracy = float(((fit.sklearn_model.predict_proba(data.X)[:, 1] > 0.5) == labels).mean())
+        run.log({"logistic/train_accuracy": accuracy})
+        return {"weights": fit.weights.tolist(), "bias": fit.bias, "train_accuracy": accuracy}
+
+    fit = state.unit("logistic", fit_logistic)
+    if fit["weights"] is None:
+        print("warning: every counterfactual label is the same; skipping the logistic controller (collect more "
+              "states with --train-prompts / --label-every, or change --label-margin)", file=sys.stderr)
+
+    def ppo(lam, name):
         env_fns = [lambda i=i: RefreshEnv(tasks=train_tasks, pair=pair, budget=args.budget,
                                           window_fraction=args.window_fraction, scorer=args.scorer,
                                           draft_length=args.draft_length, max_new_tokens=args.max_new_tokens, lam=lam,
                                           refresh_cost=args.refresh_cost, decoder_seed=i)
                    for i in range(2)]
-        model, venv = train_ppo(env_fns, args.ppo_timesteps, seed=args.seed, logger=sb3_logger(run, f"ppo_lam{lam:g}"),
-                                callback=_progress(args.ppo_timesteps, f"PPO lambda={lam:g}"))
-        ppo_controllers.append(export_ppo(model, venv, lam))
-    timings["ppo_s"] = time.time() - t0
+        prefix = f"ppo_lam{lam:g}"
+        run.define_metric(f"{prefix}/*", step_metric=f"{prefix}/timesteps")
+        model, venv = train_ppo(env_fns, args.ppo_timesteps, seed=args.seed, logger=sb3_logger(run.log, prefix),
+                                progress=f"PPO lambda={lam:g}")
+        atomic_write(state.path(f"{name}.pt"), export_ppo(model, venv, lam).save)  # before the unit's JSON
+        return {"lam": lam}
 
-    # 3. Tradeoff sweep on held-out prompts -----------------------------------------------------------------------
-    t0 = time.time()
-    points = [("never", "-", NeverController())]
-    points += [("periodic", p, PeriodicController(p)) for p in args.periods]
-    points += [("threshold", x, ThresholdController([("acc_mean", "<", x)])) for x in args.acc_thresholds]
-    if logistic is not None:
-        points += [("logistic", x, LogisticController(logistic.weights, logistic.bias, x))
-                   for x in args.logistic_thresholds]
-    points += [("ppo", c.lam, c) for c in ppo_controllers]
-    rows = []
-    full = summarize([make_decoder(CachePolicy("full")).generate(ids, args.max_new_tokens) for ids in eval_ids],
-                     args.max_new_tokens)
+    ppo_units, ppo_controllers = [], {}
+    for lam in args.lams:
+        name = f"ppo-lam{lam:g}"
+        ppo_units.append(state.unit(name, lambda lam=lam, name=name: ppo(lam, name)))
+        ppo_controllers[lam] = PPOController.load(state.path(f"{name}.pt"))  # the same weights whether resumed or not
+
+    # 3. Tradeoff sweep on held-out prompts, one unit per point --------------------------------------------------------
     dec = make_decoder()
-    for family, knob, ctrl in tqdm(points, desc="tradeoff sweep"):
-        res = summarize([dec.generate(ids, args.max_new_tokens, decider(ctrl)) for ids in eval_ids],
-                        args.max_new_tokens)
-        rows.append({"family": family, "knob": knob, "acceptance_length": res["acceptance_length"],
-                     "refreshes_per_1k": res["refreshes_per_1k_tokens"], "refreshes": res["refreshes"],
-                     "al_vs_full": res["acceptance_length"] / full["acceptance_length"]})
-    timings["sweep_s"] = time.time() - t0
+
+    def sweep_point(family, ctrl):
+        d, decide = (make_decoder(CachePolicy("full")), None) if family == "full" else (dec, decider(ctrl))
+        res = summarize([d.generate(ids, args.max_new_tokens, decide) for ids in eval_ids], args.max_new_tokens)
+        return {"acceptance_length": res["acceptance_length"], "refreshes_per_1k": res["refreshes_per_1k_tokens"],
+                "refreshes": res["refreshes"]}
+
+    logistic = None if fit["weights"] is None else LogisticController(np.asarray(fit["weights"]), fit["bias"])
+    controllers = {"never": lambda _: NeverController(), "periodic": PeriodicController,
+                   "threshold": lambda x: ThresholdController([("acc_mean", "<", x)]),
+                   "logistic": lambda x: LogisticController(logistic.weights, logistic.bias, x),
+                   "ppo": lambda lam: ppo_controllers[lam], "full": lambda _: None}
+    points = [(name, family, knob, controllers[family](knob)) for name, family, knob in sweep
+              if family != "logistic" or logistic is not None]
+    results = [state.unit(name, lambda family=family, ctrl=ctrl: sweep_point(family, ctrl))
+               for name, family, knob, ctrl in tqdm(points, desc="tradeoff sweep")]
+    full = results[0]  # the full cache's point comes first
+    rows = [{"family": family, "knob": knob, "acceptance_length": r["acceptance_length"],
+             "refreshes_per_1k": r["refreshes_per_1k"], "refreshes": r["refreshes"],
+             "al_vs_full": r["acceptance_length"] / full["acceptance_length"]}
+            for (_, family, knob, _), r in zip(points[1:], results[1:])]
+    # Compute time per phase, summed over its units whichever session ran them.
+    timings = {"counterfactual_s": sum(p["seconds"] for p in parts),
+               "ppo_s": sum(u["seconds"] for u in ppo_units),
+               "sweep_s": sum(r["seconds"] for r in results)}
 
     # 4. Matched comparisons against periodic refresh, the export, and the logs ---------------------------------
     summary = matched_comparison(rows)  # adds refresh_savings / al_gain to the learned rows
     best = max((r for r in rows if r["family"] in ("logistic", "ppo")),  # the learned controllers
                key=lambda r: (r["refresh_savings"] if r["refresh_savings"] is not None else -1.0,
                               r["acceptance_length"]))
-    best_ctrl = next(c for f, k, c in points if f == best["family"] and k == best["knob"])
+    best_ctrl = next(c for _, f, k, c in points if f == best["family"] and k == best["knob"])
     ctrl_path = out / ("controller.pt" if best["family"] == "ppo" else "controller.json")
     best_ctrl.save(ctrl_path)
-    data_stats = {"states": int(len(labels)), "positive_rate": float(labels.mean()), "mean_gain": float(data.gain.mean())}
+    timings["session_s"] = time.time() - t_start  # this session's wall time
     _write_outputs(out, rows, full, summary, timings, args, ctrl_path, best, run, data_stats)
-    timings["total_s"] = time.time() - t_start
-    run.summary.update({"total_seconds": timings["total_s"]})
+    run.summary.update({"session_seconds": timings["session_s"]})
     run.finish()
+    write_json(state.path("done.json"), {"tradeoff": str(out / "tradeoff.csv")})
 
     print(f"\nfull-cache AL {full['acceptance_length']:.3f} | budget {args.budget} | {args.eval_prompts} held-out prompts")
     print(f"{'family':>10} {'knob':>6} {'AL':>7} {'AL/full':>8} {'ref/1K':>8}")
@@ -193,35 +261,34 @@ def main(argv=None) -> int:
         sav = "n/a" if s["refresh_savings"] is None else f"{100 * s['refresh_savings']:.1f}%"
         gain = "n/a" if s["al_gain"] is None else f"{s['al_gain']:+.3f}"
         print(f"{fam}: {sav} fewer refreshes than periodic at matched AL; AL gain at matched refresh count {gain}")
-    print(f"exported {best['family']} (knob {best['knob']}) -> {ctrl_path}; total {timings['total_s']:.0f} s")
+    print(f"exported {best['family']} (knob {best['knob']}) -> {ctrl_path}; this session {timings['session_s']:.0f} s")
     return 0
 
 
-def mixed_tasks(tokenizer, families: str, n: int, input_tokens: int, seed: int, split: str):
-    """``n`` tasks cycling through the comma-separated families (low,high -> low, high, low, ...)."""
+def sweep_units(args) -> list[tuple[str, str, object]]:
+    """(unit name, family, knob) of every tradeoff point, the full cache's first (logistic ones may be skipped)."""
+    knobs = [("full", "-"), ("never", "-")] + [("periodic", p) for p in args.periods]
+    knobs += [("threshold", x) for x in args.acc_thresholds] + [("logistic", x) for x in args.logistic_thresholds]
+    knobs += [("ppo", lam) for lam in args.lams]
+    return [(f"sweep-{f}" + ("" if k == "-" else f"-{k:g}"), f, k) for f, k in knobs]
+
+
+def families(task: str) -> list[str]:
+    return list(dict.fromkeys(f.strip() for f in task.split(",") if f.strip()))
+
+
+def mixed_tasks(tokenizer, task: str, n: int, input_tokens: int, seed: int, split: str, bar=None):
+    """``n`` tasks cycling through the comma-separated families (low,high -> low, high, low, ...); ``bar`` (tqdm)
+    advances once per family."""
     from rift_ada.data import build_tasks
 
-    fams = [f.strip() for f in families.split(",") if f.strip()]
-    per = {f: build_tasks(tokenizer, f, n=-(-n // len(fams)), input_tokens=input_tokens, seed=seed, split=split)
-           for f in dict.fromkeys(fams)}
+    fams = [f.strip() for f in task.split(",") if f.strip()]
+    per = {}
+    for f in families(task):
+        per[f] = build_tasks(tokenizer, f, n=-(-n // len(fams)), input_tokens=input_tokens, seed=seed, split=split)
+        if bar is not None:
+            bar.update()
     return [per[fams[i % len(fams)]][i // len(fams)] for i in range(n)]
-
-
-def _progress(total: int, desc: str):
-    from stable_baselines3.common.callbacks import BaseCallback
-
-    class Progress(BaseCallback):
-        def _on_training_start(self):
-            self.bar = tqdm(total=total, desc=desc)
-
-        def _on_step(self):
-            self.bar.update(self.training_env.num_envs)  # callbacks count vector steps
-            return True
-
-        def _on_training_end(self):
-            self.bar.close()
-
-    return Progress()
 
 
 def _write_outputs(out: Path, rows, full, summary, timings, args, ctrl_path, best, run, data_stats) -> None:
@@ -233,10 +300,14 @@ def _write_outputs(out: Path, rows, full, summary, timings, args, ctrl_path, bes
 
     cols = ["family", "knob", "acceptance_length", "al_vs_full", "refreshes_per_1k", "refreshes", "refresh_savings",
             "al_gain"]
-    with (out / "tradeoff.csv").open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=cols)
-        w.writeheader()
-        w.writerows({c: r.get(c) for c in cols} for r in rows)
+
+    def write_csv(path):
+        with open(path, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=cols)
+            w.writeheader()
+            w.writerows({c: r.get(c) for c in cols} for r in rows)
+
+    atomic_write(out / "tradeoff.csv", write_csv)  # a kill never leaves half a table
     fig, ax = plt.subplots(figsize=(6, 4))
     families = list(dict.fromkeys(r["family"] for r in rows))
     for fam in families:
@@ -253,7 +324,7 @@ def _write_outputs(out: Path, rows, full, summary, timings, args, ctrl_path, bes
     metrics = {"full_cache_acceptance_length": full["acceptance_length"], "rows": rows,
                "matched": summary["families"], "timings": timings, "controller": str(ctrl_path),
                "best": {k: best[k] for k in ("family", "knob")}, "counterfactual": data_stats}
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=1, default=str))
+    atomic_write(out / "metrics.json", lambda tmp: tmp.write_text(json.dumps(metrics, indent=1, default=str)))
 
     table = wandb.Table(columns=cols, data=[[str(r["knob"]) if c == "knob" else r.get(c) for c in cols] for r in rows])
     xs = [[r["refreshes_per_1k"] for r in rows if r["family"] == f] for f in families]

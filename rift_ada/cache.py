@@ -139,7 +139,9 @@ class RiftLayer(CacheLayerMixin):
         """Rebuild ``[importance | tail]`` from the full history: the last ``tail_keep`` tokens form the tail; the
         best ``n_imp`` of the earlier positions (per KV head) form the importance part."""
         L = self.length
-        tail_keep = min(tail_keep, L)
+        # A history shorter than the budget: the importance part takes the oldest positions (the window policy's
+        # sinks among them) rather than leaving them in the tail, from which they would later be evicted.
+        tail_keep = min(tail_keep, max(L - n_imp, 0))
         pos = select_importance(scorer, history_k, L, n_imp, tail_keep, self.queries, self.query_pos, obs_window)
         imp_k = gather_positions(history_k, pos).to(self.device, self.dtype)
         imp_v = gather_positions(history_v, pos).to(self.device, self.dtype)

@@ -3,8 +3,9 @@
     python -m rift_ada.evaluate --policy rift-dyn --budget 512 --period 64 --json
 
 Prints acceptance length (AL, tokens per target step) overall and by generation quarter, refreshes, decode speed,
-the draft's peak active KV bytes and, for greedy decoding, the share of prompts whose output equals the target's own
-greedy ``generate``.
+the draft's peak active KV bytes, for greedy decoding the share of prompts whose output equals the target's own
+greedy ``generate``, and ``uncompressed_prompts``: prompts no longer than the budget, which the draft cache holds
+whole after prefill (a note on stderr says so; full-cache comparisons are legitimate, so they are not refused).
 """
 
 from __future__ import annotations
@@ -13,17 +14,16 @@ import argparse
 import json
 import sys
 
-import torch
 from tqdm.auto import tqdm
 
-from .cli import add_task_options, fail, tasks_from_args
+from .cli import ArgumentParser, add_runtime_options, add_task_options, apply_runtime, fail, tasks_from_args
 from .policies import POLICIES, CachePolicy
 from .scorers import SCORERS
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m rift_ada.evaluate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="python -m rift_ada.evaluate", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     m = p.add_argument_group("models")
     m.add_argument("--target", default="testbed", help="'testbed', a local HF folder or a hub id")
     m.add_argument("--drafter", default="self",
@@ -33,8 +33,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a LoRA adapter folder (experiments/train_compressibility.py) applied to the drafter; with "
                         "--drafter self the adapted copy drafts and the unadapted target verifies")
     m.add_argument("--lora-merge", action="store_true", help="merge the adapter into the drafter's weights")
-    m.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    m.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)")
     c = p.add_argument_group("draft cache")
     c.add_argument("--policy", default="rift-stat", help=f"one of: {', '.join(POLICIES)}")
     c.add_argument("--budget", type=int, default=512, help="active draft KV budget in tokens")
@@ -62,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print one JSON object")
     o.add_argument("--per-prompt", action="store_true", help="include per-prompt rows")
+    add_runtime_options(p)
     return p
 
 
@@ -73,12 +72,7 @@ def policy_from_args(args) -> CachePolicy:
 
 
 def run(args) -> dict:
-    from .metrics import acceptance_length, summarize
-    from .models import load_pair
-    from .speculative import SpeculativeDecoder
-    from .data import encode
-    from .testbed.check import greedy_continuation
-
+    # Options and small files first: bad input fails before transformers is imported and models load.
     policy = policy_from_args(args)
     decide = None
     if args.policy == "rift-ada":
@@ -91,6 +85,18 @@ def run(args) -> dict:
         decide = decider(load_controller(args.controller))
     elif args.controller:
         raise ValueError("--controller only applies to --policy rift-ada")
+    if args.lora:
+        from .lora import check_adapter
+
+        check_adapter(args.lora)  # a broken adapter folder fails before the models load
+    elif args.lora_merge:
+        raise ValueError("--lora-merge needs --lora DIR")
+    from .data import encode
+    from .metrics import acceptance_length, summarize
+    from .models import load_pair
+    from .speculative import SpeculativeDecoder
+    from .testbed.check import greedy_continuation
+
     pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype)
     tasks = tasks_from_args(args, pair.tokenizer)
     eos = pair.tokenizer.eos_token_id
@@ -99,15 +105,17 @@ def run(args) -> dict:
         from .lora import load_drafter
 
         draft = load_drafter(pair.draft, args.lora, merge=args.lora_merge)
-    elif args.lora_merge:
-        raise ValueError("--lora-merge needs --lora DIR")
     dec = SpeculativeDecoder(pair.target, draft, policy,
                              draft_length=args.draft_length, temperature=args.temperature, top_p=args.top_p,
                              eos_token_id=eos, seed=args.seed, store_device=args.store_device)
     greedy_check = args.temperature == 0 and not args.no_greedy_check
+    prompts = [encode(pair.tokenizer, task.prompt) for task in tasks]
+    whole = [len(ids) for ids in prompts if policy.budget is None or len(ids) <= policy.budget]
+    if whole and policy.budget is not None:
+        print(f"note: budget {policy.budget} >= prompt length for {len(whole)} of {len(prompts)} prompts (up to "
+              f"{max(whole)} tokens): the draft cache holds them whole, prefill compresses nothing", file=sys.stderr)
     results, rows, matches = [], [], []
-    for task in tqdm(tasks, desc=f"{args.policy} (budget {args.budget})", disable=args.json):
-        ids = encode(pair.tokenizer, task.prompt)
+    for task, ids in tqdm(list(zip(tasks, prompts)), desc=f"{args.policy} (budget {args.budget})", disable=args.json):
         res = dec.generate(ids, args.max_new_tokens, decide)
         results.append(res)
         row = {"task_id": task.task_id, "prompt_tokens": len(ids), "acceptance_length": acceptance_length(res.rounds),
@@ -120,6 +128,7 @@ def run(args) -> dict:
            "draft_length": args.draft_length, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens}
     out.update(summarize(results, args.max_new_tokens))
     out["target_greedy_match"] = sum(matches) / len(matches) if matches else None
+    out["uncompressed_prompts"] = len(whole)
     if args.per_prompt:
         out["per_prompt"] = rows
     return out
@@ -128,6 +137,7 @@ def run(args) -> dict:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        apply_runtime(args)
         if args.json:
             from transformers.utils import logging as hf_logging
 

@@ -1,27 +1,77 @@
 """LoRA adapters for drafts: attach, save with a fingerprint of the base model, load (merged or not).
 
 peft checks shapes but not identity: an adapter trained on another model of the same shape loads silently and is
-wrong. So an adapter folder also holds ``rift_base.json``, a fingerprint of the base weights it was trained on.
+wrong. So an adapter folder also holds ``rift_base.json``, a fingerprint of the base weights it was trained on: the
+config's identity and the sha256 of the input embedding's bytes. A hash is exact and independent of thread count and
+summation order (a float checksum is not: it refused adapters on the very model they were trained on).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import math
+import warnings
 from pathlib import Path
 
 import torch
+
+from .models import DTYPES, first_line, safetensors_problem
 
 FINGERPRINT_FILE = "rift_base.json"
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def fingerprint(model) -> dict:
+def _identity(model) -> dict:
     cfg = model.config
+    return {"model_type": cfg.model_type, "vocab_size": cfg.vocab_size,
+            "hidden_size": getattr(cfg, "hidden_size", None),
+            "num_hidden_layers": getattr(cfg, "num_hidden_layers", None),
+            "embedding_shape": list(model.get_input_embeddings().weight.shape)}
+
+
+def _dtype_name(model) -> str:
+    return str(model.get_input_embeddings().weight.dtype).removeprefix("torch.")
+
+
+def embedding_sha256(model, dtype: str | None = None) -> str:
+    """sha256 of the input embedding's bytes, cast to ``dtype`` (a name in ``models.DTYPES``; default: as it is)."""
+    w = model.get_input_embeddings().weight.detach()
+    w = w.to("cpu", DTYPES[dtype] if dtype else w.dtype).contiguous()
+    return hashlib.sha256(w.reshape(-1).view(torch.uint8).numpy()).hexdigest()
+
+
+def fingerprint(model) -> dict:
+    """What ``rift_base.json`` records. The hash is kept for every precision the base may be loaded in later: a
+    checkpoint loaded in bfloat16 holds exactly the bfloat16 cast of its float32 load, so one adapter serves both."""
+    return {**_identity(model), "dtype": _dtype_name(model),
+            "embedding_sha256": {name: embedding_sha256(model, name) for name in DTYPES}}
+
+
+def _legacy_checksum(model) -> float:
+    """The float checksum rift_base.json held before the sha256 (compared loosely: it depends on summation order)."""
     emb = model.get_input_embeddings().weight.detach().float()
-    return {"model_type": cfg.model_type, "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-            "num_hidden_layers": cfg.num_hidden_layers,
-            "embedding_checksum": round(float(emb.sum() + (emb * emb).sum()), 3)}
+    return float(emb.sum() + (emb * emb).sum())
+
+
+def check_base(want: dict, base, folder) -> None:
+    """ValueError (one line) unless ``base`` is the model the fingerprint ``want`` was taken from."""
+    diff = [f"{k} {want[k]} (adapter) vs {v} (given)" for k, v in _identity(base).items() if k in want and want[k] != v]
+    if not diff:
+        dtype, hashes, legacy = _dtype_name(base), want.get("embedding_sha256"), want.get("embedding_checksum")
+        if isinstance(hashes, dict):
+            if hashes.get(dtype) != embedding_sha256(base):
+                hint = "" if want.get("dtype") in (None, dtype) else \
+                    f" (the adapter's base was a {want['dtype']} load, this one is {dtype}: load it as that was)"
+                diff = [f"the embedding weights differ{hint}"]
+        elif isinstance(legacy, (int, float)):
+            if not math.isclose(legacy, _legacy_checksum(base), rel_tol=1e-4, abs_tol=0.01):
+                diff = ["the embedding checksum differs"]
+        else:
+            diff = [f"{FINGERPRINT_FILE} holds no embedding fingerprint"]
+    if diff:
+        raise ValueError(f"the adapter in {folder} was trained for another base model: {'; '.join(diff)}")
 
 
 def attach(model, rank: int = 8, alpha: int = 16, dropout: float = 0.0, target_modules=DEFAULT_TARGET_MODULES):
@@ -43,23 +93,52 @@ def save(peft_model, base_fingerprint: dict, folder: str | Path) -> None:
     (folder / FINGERPRINT_FILE).write_text(json.dumps(base_fingerprint, indent=1))
 
 
-def load_drafter(base, folder: str | Path, merge: bool = False, copy_base: bool = True):
-    """``base`` with the adapter in ``folder`` applied. ``copy_base`` keeps ``base`` itself unadapted (needed for
-    self-speculation, where the unadapted model verifies). ``merge`` folds the adapter into the weights."""
-    from peft import PeftModel
-
+def check_adapter(folder: str | Path) -> dict | None:
+    """Check an adapter folder's files without loading a model; returns its base fingerprint (None if it has none).
+    FileNotFoundError / ValueError with a one-line message for a missing, truncated or corrupt file."""
     folder = Path(folder)
     if not (folder / "adapter_config.json").is_file():
         raise FileNotFoundError(f"{str(folder)!r} holds no LoRA adapter (adapter_config.json)")
+    _read_object(folder / "adapter_config.json")
+    weights = folder / "adapter_model.safetensors"
+    if weights.is_file():
+        if problem := safetensors_problem(weights):
+            raise ValueError(f"{problem}; retrain the adapter or copy it again")
+    elif not (folder / "adapter_model.bin").is_file():
+        raise FileNotFoundError(f"{str(folder)!r} holds no adapter weights (adapter_model.safetensors)")
     fp_file = folder / FINGERPRINT_FILE
-    if fp_file.is_file():
-        want, have = json.loads(fp_file.read_text()), fingerprint(base)
-        if want != have:
-            diff = {k: (want.get(k), have.get(k)) for k in want if want.get(k) != have.get(k)}
-            raise ValueError(f"the adapter in {folder} was trained for another base model (trained on vs given: "
-                             f"{diff})")
+    return _read_object(fp_file) if fp_file.is_file() else None
+
+
+def _read_object(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({first_line(e)})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object, not a {type(data).__name__}")
+    return data
+
+
+def load_drafter(base, folder: str | Path, merge: bool = False, copy_base: bool = True):
+    """``base`` with the adapter in ``folder`` applied. ``copy_base`` keeps ``base`` itself unadapted (needed for
+    self-speculation, where the unadapted model verifies). ``merge`` folds the adapter into the weights.
+    An adapter whose fingerprint names another base, or whose files are broken, is refused (ValueError)."""
+    from peft import PeftModel
+    from safetensors import SafetensorError
+
+    want = check_adapter(folder)
+    if want is not None:
+        check_base(want, base, folder)
     model = copy.deepcopy(base) if copy_base else base
-    drafter = PeftModel.from_pretrained(model, str(folder))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # peft calls a deprecated transformers name (5.24)
+            drafter = PeftModel.from_pretrained(model, str(folder))
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError, SafetensorError) as e:
+        # torch lists shape mismatches below a generic first line: name the first one
+        reason = next((line.strip() for line in str(e).splitlines() if "size mismatch" in line), first_line(e))
+        raise ValueError(f"could not load the LoRA adapter in {folder}: {reason}") from None
     drafter.eval()
     if merge:
         drafter = drafter.merge_and_unload()

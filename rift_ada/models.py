@@ -6,6 +6,7 @@ an ordinary HuggingFace folder, so the code path that loads it is the one that l
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,8 @@ import torch
 
 TESTBED_DIR = Path(__file__).resolve().parent / "testbed" / "assets"
 TESTBED_NAMES = {"testbed": "target", "testbed-target": "target", "testbed-draft": "draft"}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 
 
 class ModelLoadError(RuntimeError):
@@ -41,30 +44,96 @@ def resolve(name_or_path: str | os.PathLike) -> str:
     return name  # a hub id
 
 
+def dtype_name(name: str) -> str:
+    """The canonical name (float32 / bfloat16 / float16) of a dtype option; ValueError for anything else."""
+    canonical = DTYPE_ALIASES.get(str(name).lower(), str(name).lower())
+    if canonical not in DTYPES:
+        raise ValueError(f"unsupported dtype {name!r}; use float32, bfloat16 or float16")
+    return canonical
+
+
+def first_line(err: BaseException) -> str:
+    """The first non-empty line of an exception's message (library messages often span several)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
+def safetensors_problem(path: str | os.PathLike) -> str | None:
+    """Why a ``.safetensors`` file cannot be read, or None. Reading its header catches corrupt and truncated files
+    (the header's offsets must cover the file exactly), and names the file, which safetensors' own errors do not."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt"):
+            return None
+    except (SafetensorError, OSError) as e:
+        return f"{path} is truncated or corrupt ({first_line(e)})"
+
+
+def check_files(name_or_path: str | os.PathLike) -> None:
+    """ModelLoadError (one line) for a missing local folder or a damaged ``*.safetensors`` file in it (hub ids are
+    checked when they load). Cheap: headers only."""
+    where = resolve(name_or_path)
+    if Path(where).is_dir():
+        for f in sorted(Path(where).glob("*.safetensors")):
+            if problem := safetensors_problem(f):
+                raise ModelLoadError(f"{problem}; download or rebuild the model")
+
+
 def load_tokenizer(name_or_path: str | os.PathLike):
     from transformers import AutoTokenizer
 
     where = resolve(name_or_path)
     try:
         return AutoTokenizer.from_pretrained(where)
-    except OSError as e:
-        raise ModelLoadError(f"could not load a tokenizer from {where!r}: {e}") from e
+    except Exception as e:  # OSError, JSONDecodeError, and the tokenizers library's bare Exception for bad files
+        raise ModelLoadError(f"could not load a tokenizer from {where!r}: {first_line(e)}") from None
 
 
 def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str | None = None, device: str = "cpu",
                attn_implementation: str | None = "sdpa"):
-    """Load a causal LM in eval mode. ``dtype=None`` keeps float32 on CPU and bfloat16 on CUDA."""
+    """Load a causal LM in eval mode. ``dtype=None`` keeps float32 on CPU and bfloat16 on CUDA.
+
+    Raises :class:`ModelLoadError` (one line) for a missing, corrupt or truncated checkpoint, and for one that lacks
+    weights or holds weights of the wrong shape (transformers would initialise those randomly, or fail after a
+    multi-line report).
+    """
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     where = resolve(name_or_path)
     if dtype is None:
         dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
     if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
+        dtype = DTYPES[dtype_name(dtype)]
+    check_files(where)
+    # transformers logs a multi-line load report before failing on a bad checkpoint; hold it back, say what is
+    # wrong in one line, and let the report through only when the load stands (e.g. it lists unused weights).
+    report_logger, held = logging.getLogger("transformers.modeling_utils"), []
+
+    def hold(record) -> bool:
+        if "LOAD REPORT" in str(record.msg):
+            held.append(record)
+            return False
+        return True
+
+    report_logger.addFilter(hold)
     try:
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation=attn_implementation)
-    except OSError as e:
-        raise ModelLoadError(f"could not load a model from {where!r}: {e}") from e
+        model, info = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation=attn_implementation,
+                                                           output_loading_info=True, ignore_mismatched_sizes=True)
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:
+        raise ModelLoadError(f"could not load a model from {where!r}: {first_line(e)}") from None
+    finally:
+        report_logger.removeFilter(hold)
+    missing = sorted(info.get("missing_keys") or [])
+    mismatched = sorted(k[0] for k in info.get("mismatched_keys") or [])
+    for keys, what in ((missing, "lacks"), (mismatched, "holds wrongly shaped")):
+        if keys:
+            more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+            raise ModelLoadError(f"the checkpoint in {where!r} {what} weights for {', '.join(keys[:3])}{more}: "
+                                 "incomplete, or not the checkpoint of this config.json")
+    for record in held:
+        report_logger.handle(record)
     return model.to(device).eval()
 
 
@@ -84,11 +153,14 @@ class ModelPair:
 
 def load_pair(target: str = "testbed", drafter: str = "testbed", device: str = "cpu", dtype=None) -> ModelPair:
     """``drafter``: ``self`` (the target drafts for itself), ``testbed`` (the built-in draft), or a path / hub id."""
+    drafter_name = target if drafter == "self" else "testbed-draft" if drafter == "testbed" else drafter
+    check_files(target)
+    check_files(drafter_name)  # a damaged draft fails before the target loads
     tok = load_tokenizer(target)
     tgt = load_model(target, dtype=dtype, device=device)
     if drafter == "self":
         return ModelPair(tgt, tgt, tok, True)
-    drf = load_model("testbed-draft" if drafter == "testbed" else drafter, dtype=dtype, device=device)
+    drf = load_model(drafter_name, dtype=dtype, device=device)
     check_vocab(tgt, drf)
     return ModelPair(tgt, drf, tok, False)
 

@@ -234,7 +234,14 @@ class SpeculativeDecoder:
     def _sample(self, probs: torch.Tensor | None, logits: torch.Tensor) -> int:
         if probs is None:
             return int(logits.argmax())
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        # Inverse CDF from one uniform draw: exact for a normalised distribution. torch.multinomial would normalise
+        # whatever weights it gets and so hide an unnormalised input (e.g. a residual never divided by its sum).
+        cdf = probs.double().cumsum(-1)
+        u = torch.rand(1, generator=self.generator, device=probs.device, dtype=torch.float64)
+        i = int(torch.searchsorted(cdf, u, right=True))  # first cdf > u: never a zero-probability token
+        if i < cdf.shape[-1]:
+            return i
+        return int(probs.nonzero()[-1])  # u beyond cdf[-1] by rounding: the last token with any probability
 
     def _accept(self, drafts: list[int], q_probs: list, t_logits: torch.Tensor) -> tuple[int, int]:
         """(accepted count, next token). Greedy: longest prefix equal to the target's argmax. Sampling: accept x with

@@ -6,18 +6,27 @@ from rift_ada.attention import use_rift_attention
 from rift_ada.cache import RiftCache
 from rift_ada.policies import CachePolicy
 from rift_ada.scorers import SCORERS, SnapKVScorer, make_scorer, pool_scores, window_attention
+from rift_ada.selection import select_importance
 from tests.conftest import feed, random_model
 
 
+# The smallest budget at which no forward below misses a token: 60 prompt tokens, then rounds of 3; the cache is
+# compacted after each round, so the window must hold the 69 tokens before the last round (its 3 are in flight).
+# snapkv never evicts while decoding, so its budget only has to hold the prompt; `window` keeps budget - 4 recent
+# tokens (its 4 sinks only once the prompt exceeds that). One token less anywhere and the logits differ.
+TIGHT = {"rift-stat": dict(budget=69, window=69), "rift-dyn": dict(budget=69, window=69), "snapkv": dict(budget=60),
+         "window": dict(budget=73)}
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-@pytest.mark.parametrize("policy", ["rift-stat", "rift-dyn", "snapkv", "window"])
-def test_budget_at_least_length_equals_dense(arch, policy):
+@pytest.mark.parametrize("policy", list(TIGHT))
+def test_tight_budget_holding_everything_equals_dense(arch, policy):
     model = random_model(arch, init=0.02)
     use_rift_attention(model)
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, 128, (60,), generator=g).tolist()
     steps = torch.randint(0, 128, (12,), generator=g).tolist()
-    dense, rift = DynamicCache(config=model.config), RiftCache(2, CachePolicy(policy, budget=1000, period=4))
+    dense, rift = DynamicCache(config=model.config), RiftCache(2, CachePolicy(policy, period=4, **TIGHT[policy]))
     torch.testing.assert_close(feed(model, rift, prompt), feed(model, dense, prompt, False), atol=1e-5, rtol=0)
     rift.compress()
     assert rift.active_tokens() == 60
@@ -27,6 +36,103 @@ def test_budget_at_least_length_equals_dense(arch, policy):
         if policy == "rift-dyn":
             rift.refresh()
         rift.compact()
+
+
+def forward_at(model, cache, tokens, start):
+    """A forward of ``tokens`` at logical positions ``start...`` over a cache holding fewer entries than that."""
+    with torch.no_grad():
+        return model(torch.tensor([tokens]), cache=cache, position_ids=torch.arange(start, start + len(tokens))[None],
+                     ).logits[0]
+
+
+@pytest.mark.parametrize("name", ["window", "rift-stat"])
+def test_eviction_keeps_exactly_the_layout_positions(name):
+    """Budget 24 against 60 prompt + 12 generated tokens, so eviction really happens. After every round the cache
+    holds exactly the positions its layout names (window: 4 sinks + the last 20; rift-stat with key-norm scores: the
+    12 lowest-key-norm prompt positions before the window, per KV head, + the last 12), and its logits equal a
+    reference attending to exactly those positions, built here from the full history."""
+    model = random_model("llama", init=0.02)
+    use_rift_attention(model)
+    g = torch.Generator().manual_seed(4)
+    prompt = torch.randint(0, 128, (60,), generator=g).tolist()
+    steps = torch.randint(0, 128, (12,), generator=g).tolist()
+    policy = CachePolicy("window", budget=24) if name == "window" else CachePolicy("rift-stat", budget=24,
+                                                                                   scorer="keynorm")
+    imp, window = (4, 20) if name == "window" else (12, 12)
+    rift, dense = RiftCache(2, policy), DynamicCache(config=model.config)
+    feed(model, rift, prompt)
+    feed(model, dense, prompt, False)
+    rift.compress()
+    history = [[layer.keys, layer.values] for layer in dense.layers]  # per layer, every position's key and value
+
+    def expected(layer_idx, length):
+        k = history[layer_idx][0]
+        if name == "window":
+            sel = torch.arange(imp).expand(1, k.shape[1], -1)
+        else:  # the importance part is chosen once, from the prompt positions before the window
+            sel = k[:, :, :60 - window].norm(dim=-1).topk(imp, largest=False).indices.sort(-1).values
+        return torch.cat([sel, torch.arange(length - window, length).expand(1, k.shape[1], -1)], -1)
+
+    length = 60
+    for i in range(0, 12, 3):
+        ref = DynamicCache(config=model.config)
+        for li, layer in enumerate(rift.layers):
+            pos = expected(li, length)
+            assert torch.equal(layer.active_positions(), pos), (li, length)
+            idx = pos[..., None].expand(-1, -1, -1, history[li][0].shape[-1])
+            ref.update(history[li][0].gather(2, idx), history[li][1].gather(2, idx), li)
+        out = feed(model, rift, steps[i:i + 3])
+        torch.testing.assert_close(out, forward_at(model, ref, steps[i:i + 3], length), atol=1e-5, rtol=0)
+        assert (out - feed(model, dense, steps[i:i + 3], False)).abs().max() > 1e-4, "eviction changes the output"
+        for li in range(2):  # the new tokens' keys, as computed on the compressed cache
+            history[li] = [torch.cat([h, new[:, :, -3:]], 2) for h, new in
+                           zip(history[li], (ref.layers[li].keys, ref.layers[li].values))]
+        rift.compact()
+        length += 3
+        assert rift.active_tokens() == 24
+
+
+class FixedScorer:
+    """A scorer with known scores, to check what selection does with them."""
+    name, needs_queries = "fixed", False
+
+    def __init__(self, scores):
+        self.scores = scores
+
+    def score(self, queries, keys, query_positions, key_positions):
+        return self.scores
+
+
+@pytest.mark.parametrize("name", ["window", "rift-stat"])
+def test_prompt_shorter_than_the_budget_keeps_its_oldest_positions(name):
+    """A 60-token prompt under a budget of 72: the importance part takes the oldest positions (the window policy's
+    4 sinks among them), so once generation fills the budget the cache holds them and the newest tokens, not a
+    plain sliding window that has evicted the sinks."""
+    model = random_model("llama", init=0.02)
+    use_rift_attention(model)
+    policy = CachePolicy(name, budget=72, scorer="keynorm")
+    rift = RiftCache(2, policy)
+    feed(model, rift, list(range(1, 61)))
+    rift.compress()
+    for _ in range(20):
+        feed(model, rift, [5])
+        rift.compact()
+    imp = 4 if name == "window" else 36
+    pos = rift.layers[0].active_positions()[0, 0]
+    assert rift.active_tokens() == 72
+    assert pos[:imp].tolist() == list(range(imp)) and pos[imp:].tolist() == list(range(80 - (72 - imp), 80))
+
+
+def test_selection_keeps_the_best_scored_positions_per_head():
+    g = torch.Generator().manual_seed(5)
+    scores = torch.randn(1, 2, 40, generator=g)
+    scores[..., 30:] += 100  # the last 10 score best but lie in the window, which holds them anyway
+    keys = torch.randn(1, 2, 40, 8, generator=g)
+    pos = select_importance(FixedScorer(scores), keys, 40, n_imp=6, tail_keep=10)
+    for h in range(2):
+        best = sorted(scores[0, h, :30].argsort(descending=True)[:6].tolist())
+        assert pos[0, h].tolist() == best, h
+    assert not torch.equal(pos[0, 0], pos[0, 1])
 
 
 def test_active_cache_is_bounded_and_rollback_is_exact():

@@ -97,3 +97,40 @@ def test_jsonl_roundtrip_and_errors(tmp_path, tokenizer):
     (tmp_path / "noref.jsonl").write_text(textwrap.dedent('{"prompt": "x"}\n'))
     with pytest.raises(ValueError, match="needs a 'reference'"):
         load_jsonl(tmp_path / "noref.jsonl", require_reference=True)
+
+
+@pytest.mark.parametrize("input_tokens", [1024, 2048, 4096])
+def test_sort_tasks_reorder_labelled_passages(tokenizer, input_tokens):
+    from rift_ada.data.tasks import ORDER_LINE, PASSAGE_HEADER
+
+    for t in build_tasks(tokenizer, "sort", n=3, input_tokens=input_tokens, seed=2):
+        n = n_tokens(tokenizer, t.prompt)
+        assert 0.85 * input_tokens <= n <= input_tokens
+        assert n_tokens(tokenizer, t.reference) >= 256
+        body, order_line = t.prompt.rsplit("# order: ", 1)
+        labels = [x.strip() for x in order_line.strip().split(",")]
+        assert t.prompt.endswith(ORDER_LINE.format(order=", ".join(labels)))
+        assert sorted(labels) == [chr(ord("A") + i) for i in range(len(t.files))]
+        assert labels != sorted(labels), "the order must differ from the prompt's"
+        passages = dict(zip(sorted(labels), body.split("# passage ")[1:]))
+        # The continuation is the passages again, in the stated order (the last one cut at a line end).
+        expected = "".join(PASSAGE_HEADER.format(label=lb) + passages[lb][2:] for lb in labels)
+        assert expected.startswith(t.reference) and t.reference.startswith(PASSAGE_HEADER.format(label=labels[0]))
+        whole = tokenizer(t.prompt + t.reference, add_special_tokens=False)["input_ids"]
+        assert whole == tokenizer(t.prompt, add_special_tokens=False)["input_ids"] + \
+            tokenizer(t.reference, add_special_tokens=False)["input_ids"]
+
+
+def test_sort_tasks_deterministic_and_from_source_dir(tokenizer, tmp_path):
+    assert build_tasks(tokenizer, "sort", n=2, input_tokens=1024, seed=5) == \
+        build_tasks(tokenizer, "sort", n=2, input_tokens=1024, seed=5)
+    for i in range(8):
+        body = "\n".join(f"    v{j} = f_{i}(a_{j}, {j})" for j in range(12))
+        (tmp_path / f"m{i}.py").write_text("".join(f"def fn_{i}_{k}():\n{body}\n    return v0\n\n\n" for k in range(4)))
+    tasks = build_tasks(tokenizer, "sort", n=2, input_tokens=1024, source_dir=tmp_path)
+    assert all(f.startswith("m") for t in tasks for f in t.files)
+    (tmp_path / "m0.py").write_text("x = 1\n")
+    for i in range(1, 8):
+        (tmp_path / f"m{i}.py").unlink()
+    with pytest.raises(ValueError, match="too few functions or classes"):
+        build_tasks(tokenizer, "sort", n=1, input_tokens=1024, source_dir=tmp_path)

@@ -9,14 +9,18 @@ ENV = dict(os.environ, HF_HUB_OFFLINE="1")
 
 
 def test_evaluate_json_fields_and_greedy_match(testbed_draft):
-    args = build_parser().parse_args(["--policy", "rift-dyn", "--period", "16", "--budget", "256", "--prompts", "2",
-                                      "--input-tokens", "1024", "--max-new-tokens", "48", "--drafter", "testbed"])
-    out = run(args)
+    common = ["--budget", "256", "--prompts", "2", "--input-tokens", "1024", "--max-new-tokens", "48", "--drafter",
+              "testbed"]
+    out = run(build_parser().parse_args(["--policy", "rift-dyn", "--period", "16", *common]))
+    full = run(build_parser().parse_args(["--policy", "full", "--no-greedy-check", *common]))
     for key in ("acceptance_length", "acceptance_length_by_quarter", "refreshes", "tokens_per_second",
                 "draft_active_kv_bytes", "target_greedy_match", "prompts"):
         assert key in out, key
     assert out["prompts"] == 2 and out["target_greedy_match"] == 1.0
-    assert 1.0 <= out["acceptance_length"] <= 12.0 and len(out["acceptance_length_by_quarter"]) == 4
+    assert len(out["acceptance_length_by_quarter"]) == 4
+    # Refreshing every 16 tokens must keep the full cache's AL on copy prompts (README: 100%); here the window
+    # policy alone keeps under half of it (4.4 against 9.2).
+    assert out["acceptance_length"] >= 0.9 * full["acceptance_length"], (out["acceptance_length"], full)
     assert out["refreshes"] >= 2  # at least one per prompt with a 16-token period over 48 tokens
     # budget 256 + up to k + 1 tokens in flight; layers x (K, V) x KV heads x head_dim x 4 bytes (fp32)
     cfg = testbed_draft.config

@@ -1,6 +1,3 @@
-import collections
-import math
-
 import pytest
 import torch
 from transformers import DynamicCache
@@ -31,7 +28,15 @@ def test_greedy_equals_target_generate_testbed_policies(name, drafter, testbed_t
     decide = (lambda d: len(d.result.rounds) % 2 == 0) if name == "rift-ada" else None
     res = dec.generate(testbed_prompt, 40, decide)
     assert res.tokens == reference
-    assert dec.dcache.active_tokens() <= (10**9 if name in ("full", "snapkv") else 256 + 12)
+    # What the layout must hold after the last round (the prompt, 1024 tokens, exceeds the budget of 256):
+    fed = dec.dcache.length  # tokens the draft has seen
+    expected = {"full": fed, "snapkv": 256 + fed - len(testbed_prompt)}.get(name, 256)  # snapkv: evicts none
+    assert dec.dcache.active_tokens() == expected
+    # ... and during a round at most k + 1 more: pending tokens (1 or 2) + the k - 1 drafts fed back.
+    cfg = dec.draft.config
+    per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * dec.draft.dtype.itemsize
+    if name not in ("full", "snapkv"):
+        assert max(r.active_kv_bytes for r in res.rounds) <= (256 + 11 + 1) * per_token
 
 
 @pytest.mark.parametrize("scorer", list(SCORERS))
@@ -56,13 +61,17 @@ def test_greedy_equals_target_generate_random_models(arch, name):
 
 
 def test_rollback_leaves_caches_as_if_never_fed(testbed_target, testbed_draft, testbed_prompt):
-    dec = SpeculativeDecoder(testbed_target, testbed_draft, policy("rift-dyn", budget=256), draft_length=11)
+    # Budget 64: the draft errs often, so rounds end in every way (all accepted, some fed drafts rejected, none).
+    dec = SpeculativeDecoder(testbed_target, testbed_draft, policy("rift-dyn", budget=64), draft_length=11)
     dec.reset(testbed_prompt, 64)
     while not dec.done:
         dec.step()
         seen = testbed_prompt + dec.result.tokens
         assert dec.tcache.get_seq_length() == len(seen) - 1
         assert dec.dcache.length == len(seen) - len(dec._d_pending)
+    ends = {"all" if r.accepted == r.draft_length else "none" if r.accepted == 0 else "some"
+            for r in dec.result.rounds}
+    assert ends == {"all", "some", "none"}, ends
     # The target cache equals a fresh prefill of the accepted tokens; the draft's backing store too.
     fresh_t = DynamicCache(config=testbed_target.config)
     ids = torch.tensor([seen[:-1]])
@@ -79,37 +88,6 @@ def test_rollback_leaves_caches_as_if_never_fed(testbed_target, testbed_draft, t
     for a, b in zip(dec.dcache.layers, fresh_d.layers):
         assert a.store_k.shape[2] == n
         torch.testing.assert_close(a.store_k[:, :, :L], b.keys[:, :, :L], atol=1e-5, rtol=0)
-
-
-def test_sampling_follows_target_distribution():
-    """Chi-square test: the first two sampled tokens of speculative decoding follow the target's joint distribution
-    (a draft that differs from the target, on a compressed cache, at temperature 1)."""
-    vocab = 6
-    target = random_model("llama", vocab=vocab, hidden=32, seed=0, init=0.3)
-    draft = random_model("llama", vocab=vocab, hidden=32, layers=1, seed=7, init=0.3)
-    prompt = torch.randint(0, vocab, (40,), generator=torch.Generator().manual_seed(1)).tolist()
-    with torch.no_grad():
-        p1 = torch.softmax(target(torch.tensor([prompt])).logits[0, -1], -1)
-        p2 = torch.softmax(target(torch.tensor([[*prompt, t] for t in range(vocab)])).logits[:, -1], -1)
-    joint = (p1[:, None] * p2).flatten()
-    n = 2500
-    counts = collections.Counter()
-    dec = SpeculativeDecoder(target, draft, CachePolicy("window", budget=12, sinks=2), draft_length=3,
-                             temperature=1.0)
-    for seed in range(n):
-        dec.seed = seed
-        toks = dec.generate(prompt, 3).tokens
-        counts[toks[0] * vocab + toks[1]] += 1
-    expected = joint * n
-    keep = expected >= 5
-    obs = torch.tensor([counts[i] for i in range(vocab * vocab)], dtype=torch.float64)
-    chi2 = float((((obs - expected) ** 2) / expected)[keep].sum() + (obs[~keep].sum() - expected[~keep].sum()) ** 2
-                 / max(float(expected[~keep].sum()), 1e-9))
-    dof = int(keep.sum())  # cells kept + one pooled cell - 1
-    # Wilson-Hilferty upper 0.1% quantile of chi-square(dof).
-    z = 3.09
-    crit = dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
-    assert chi2 < crit, (chi2, crit)
 
 
 def test_draft_equal_to_target_accepts_everything_when_sampling():

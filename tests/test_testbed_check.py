@@ -3,8 +3,12 @@ import os
 import subprocess
 import sys
 
-from rift_ada.data import build_tasks
-from rift_ada.testbed.check import copy_accuracy, run_check
+import pytest
+import torch
+
+from rift_ada.data import build_tasks, encode
+from rift_ada.testbed.check import copy_accuracy, greedy_continuation, run_check
+from tests.conftest import random_model
 
 ENV = dict(os.environ, HF_HUB_OFFLINE="1")
 
@@ -30,11 +34,29 @@ def test_check_cli_json_fields():
         assert 0.0 <= res[k] <= 1.0
 
 
-def test_model_against_itself_agrees_fully(tokenizer, testbed_target):
+def test_check_scores_the_draft_it_is_given(tokenizer, testbed_target, testbed_draft):
+    """run_check's numbers, recomputed here from each model's own greedy output and logits, for the testbed draft
+    and for a random draft with the same vocabulary (which must score far lower: a check that measured the target
+    twice, or the wrong model, fails here)."""
     tasks = build_tasks(tokenizer, "low", n=1, input_tokens=1024, seed=3)
-    res = run_check(testbed_target, testbed_target, tokenizer, tasks, new_tokens=16, progress=False)
-    assert res["draft_agreement"] == 1.0
-    assert res["target_copy_accuracy"] == res["draft_copy_accuracy"]
+    prompt, ref = encode(tokenizer, tasks[0].prompt), encode(tokenizer, tasks[0].reference)
+    n = 24
+    noise = random_model(vocab=testbed_target.config.vocab_size, seed=0, init=0.02)
+    ids = torch.tensor([prompt + ref[:n]])
+    with torch.no_grad():
+        target_top1 = testbed_target(ids).logits[0, len(prompt) - 1:-1].argmax(-1)
+    target_acc = copy_accuracy(greedy_continuation(testbed_target, prompt, n), ref, n)
+    res = {}
+    for name, draft in (("testbed", testbed_draft), ("random", noise)):
+        res[name] = run_check(testbed_target, draft, tokenizer, tasks, new_tokens=n, progress=False)
+        assert res[name]["target_copy_accuracy"] == target_acc
+        assert res[name]["draft_copy_accuracy"] == copy_accuracy(greedy_continuation(draft, prompt, n), ref, n)
+        with torch.no_grad():
+            draft_top1 = draft(ids).logits[0, len(prompt) - 1:-1].argmax(-1)
+        assert res[name]["draft_agreement"] == pytest.approx((draft_top1 == target_top1).float().mean().item())
+    # The testbed bar (README: agreement >= 0.85); a random draft agrees by chance only (1 / 1024 per token).
+    assert res["testbed"]["draft_agreement"] >= 0.85 and res["random"]["draft_agreement"] < 0.2
+    assert res["random"]["draft_copy_accuracy"] < 0.2 < target_acc
 
 
 def test_check_cli_bad_input_is_one_line():

@@ -5,7 +5,8 @@ Pieces, in the order a training step uses them:
    Format (a folder): ``meta.json`` ({"format": FORMAT, "target", "top_k", "temperature", "samples",
    "vocab_size", "continuation_tokens"}) and ``samples.pt``, a list of dicts with ``prompt_ids`` (P,) and
    ``continuation_ids`` (C,) int64, ``topk_ids`` (C, k) int64 and ``topk_logprobs`` (C, k) float32, where row i is
-   the target's distribution over continuation token i (its logits at position P - 1 + i).
+   the target's distribution over continuation token i (its logits at position P - 1 + i). While building, finished
+   prompts wait in ``samples.partial.pt`` (an interrupted build resumes there).
 2. **Frozen scoring pass**: the draft with adapters disabled runs densely over prompt + continuation, recording
    post-RoPE keys and queries; the inference scorer (``select_importance``) picks each layer's importance
    positions per KV head, once after the prompt (RIFT-stat) or again every ``period`` tokens (RIFT-dyn).
@@ -33,6 +34,7 @@ from rift_ada.attention import use_rift_attention
 from rift_ada.cache import RiftCache
 from rift_ada.policies import CachePolicy
 from rift_ada.selection import select_importance
+from trainers.state import atomic_write, write_json
 
 FORMAT = "rift-ada/target-logits-v1"
 
@@ -43,17 +45,32 @@ def build_target_outputs(target, prompts: list[list[int]], continuation_tokens: 
                          top_k: int = 32, temperature: float = 0.0, seed: int = 0, target_name: str = "",
                          progress: bool = True) -> Path:
     """Generate each prompt's continuation with the target (greedy, or sampled at ``temperature``) and store it
-    with the target's top-k log-probabilities (at temperature 1: the distribution the draft learns)."""
+    with the target's top-k log-probabilities (at temperature 1: the distribution the draft learns).
+
+    Resumable: finished prompts go to ``samples.partial.pt`` as they end, and a rerun with the same prompts and
+    settings continues after them (each prompt's sampling seed is drawn up front, so it does not depend on where a
+    run stopped). ``meta.json`` is written last: it marks a complete folder."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(seed)
-    samples = []
-    for ids in tqdm(prompts, desc="target outputs", disable=not progress):
+    seeds = [int(torch.randint(2**31, (1,), generator=g)) for _ in prompts]
+    settings = {"target": target_name, "top_k": top_k, "temperature": temperature, "seed": seed,
+                "continuation_tokens": continuation_tokens}
+    partial = folder / "samples.partial.pt"
+    saved = torch.load(partial, weights_only=True) if partial.is_file() else {}
+    samples = saved.get("samples", []) if saved.get("settings") == settings else []
+    done = 0  # the stored prefix that belongs to these prompts
+    while done < min(len(samples), len(prompts)) and samples[done]["prompt_ids"].tolist() == list(prompts[done]):
+        done += 1
+    samples = samples[:done]
+    for i in tqdm(range(done, len(prompts)), initial=done, total=len(prompts), desc="target outputs",
+                  disable=not progress):
+        ids = prompts[i]
         x = torch.tensor([ids], device=target.device)
         kw = dict(do_sample=True, temperature=temperature, top_k=None, top_p=None) if temperature > 0 else \
             dict(do_sample=False, temperature=None, top_k=None, top_p=None)
         if temperature > 0:
-            torch.manual_seed(int(torch.randint(2**31, (1,), generator=g)))
+            torch.manual_seed(seeds[i])
         out = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=continuation_tokens,
                               eos_token_id=None, pad_token_id=0, **kw)
         cont = out[0, len(ids):]
@@ -62,10 +79,12 @@ def build_target_outputs(target, prompts: list[list[int]], continuation_tokens: 
         top = logp.topk(top_k, dim=-1)
         samples.append({"prompt_ids": torch.tensor(ids), "continuation_ids": cont.cpu(),
                         "topk_ids": top.indices.cpu(), "topk_logprobs": top.values.cpu()})
-    torch.save(samples, folder / "samples.pt")
+        atomic_write(partial, lambda tmp: torch.save({"settings": settings, "samples": samples}, tmp))
+    atomic_write(folder / "samples.pt", lambda tmp: torch.save(samples, tmp))
     meta = {"format": FORMAT, "target": target_name, "top_k": top_k, "temperature": temperature,
             "samples": len(samples), "vocab_size": target.config.vocab_size, "continuation_tokens": continuation_tokens}
-    (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+    write_json(folder / "meta.json", meta)
+    partial.unlink(missing_ok=True)
     return folder
 
 
@@ -226,7 +245,8 @@ class TrainConfig:
 
 
 def _checkpoints(folder: Path) -> list[Path]:
-    return sorted(folder.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+    """Complete checkpoints, oldest first (state.pt is written atomically, so one that exists is whole)."""
+    return sorted((p for p in folder.glob("step-*") if (p / "state.pt").is_file()), key=lambda p: int(p.name[5:]))
 
 
 def train(model, samples: list[dict], cfg: TrainConfig, output_dir: str | Path, resume: bool = True, log=None,
@@ -276,10 +296,9 @@ def train(model, samples: list[dict], cfg: TrainConfig, output_dir: str | Path, 
             log({"lora/kl": total, "lora/lr": opt.param_groups[0]["lr"], "lora/step": step + 1})
         done = step + 1 == cfg.steps or (stop_after is not None and step + 1 >= stop_after)
         if (step + 1) % cfg.checkpoint_every == 0 or done:
-            folder = ckpt_dir / f"step-{step + 1}"
-            folder.mkdir(exist_ok=True)
-            torch.save({"adapter": get_peft_model_state_dict(model), "optimizer": opt.state_dict(), "step": step + 1,
-                        "history": history}, folder / "state.pt")
+            ckpt = {"adapter": get_peft_model_state_dict(model), "optimizer": opt.state_dict(), "step": step + 1,
+                    "history": history}
+            atomic_write(ckpt_dir / f"step-{step + 1}" / "state.pt", lambda tmp: torch.save(ckpt, tmp))
         if stop_after is not None and step + 1 >= stop_after:
             break
     model.eval()

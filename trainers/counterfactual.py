@@ -36,28 +36,42 @@ def _mean_accepted(decoder, first: bool, horizon: int) -> float:
     return float(np.mean(acc)) if acc else 0.0
 
 
+def behaviour_periods(n: int, period_range: tuple[int, int] = (16, 192), seed: int = 0) -> list[int]:
+    """The refresh period of each prompt's data trajectory (drawn up front: prompt i's data depends on i alone)."""
+    rng = random.Random(seed)
+    return [rng.randint(*period_range) for _ in range(n)]
+
+
+def collect_prompt(decoder, ids: list[int], max_new_tokens: int, period: int, horizon: int = 8, every: int = 2,
+                   per_prompt: int | None = 24) -> tuple[np.ndarray, np.ndarray]:
+    """One prompt's (observations, gains): a unit of work that depends only on its arguments (``decoder.reset``
+    reseeds the decoder), so jobs can store it and resume between prompts."""
+    X, gains = [], []
+    decoder.reset(ids, max_new_tokens)
+    r, labelled, next_pos = 0, 0, 0
+    spacing = max_new_tokens / per_prompt if per_prompt else 0
+    while not decoder.done:
+        pos = len(decoder.result.tokens)
+        if r % every == 0 and decoder.tokens_since_refresh > 0 and pos >= next_pos:
+            labelled += 1
+            next_pos = labelled * spacing
+            obs = signals.observe(decoder)
+            gain = _mean_accepted(decoder.fork(), True, horizon) - _mean_accepted(decoder.fork(), False, horizon)
+            X.append(obs)
+            gains.append(gain)
+        decoder.step(decoder.tokens_since_refresh >= period)
+        r += 1
+    return (np.asarray(X, dtype=np.float32).reshape(-1, len(signals.NAMES)), np.asarray(gains, dtype=np.float64))
+
+
 def collect(decoder, prompts: list[list[int]], max_new_tokens: int, horizon: int = 8, every: int = 2,
             period_range: tuple[int, int] = (16, 192), seed: int = 0, per_prompt: int | None = 24,
             progress: bool = True) -> CounterfactualData:
     """Label every ``every``-th round of each prompt's trajectory (``horizon`` rounds per branch), at most
     ``per_prompt`` states per prompt, spread over the generation (a stale cache makes many one-token rounds)."""
-    rng = random.Random(seed)
-    X, gains = [], []
-    for ids in tqdm(prompts, desc="counterfactual data", disable=not progress):
-        period = rng.randint(*period_range)
-        decoder.reset(ids, max_new_tokens)
-        r, labelled, next_pos = 0, 0, 0
-        spacing = max_new_tokens / per_prompt if per_prompt else 0
-        while not decoder.done:
-            pos = len(decoder.result.tokens)
-            if r % every == 0 and decoder.tokens_since_refresh > 0 and pos >= next_pos:
-                labelled += 1
-                next_pos = labelled * spacing
-                obs = signals.observe(decoder)
-                gain = _mean_accepted(decoder.fork(), True, horizon) - _mean_accepted(decoder.fork(), False, horizon)
-                X.append(obs)
-                gains.append(gain)
-            decoder.step(decoder.tokens_since_refresh >= period)
-            r += 1
-    return CounterfactualData(np.asarray(X, dtype=np.float32).reshape(-1, len(signals.NAMES)),
-                              np.asarray(gains, dtype=np.float64), horizon)
+    periods = behaviour_periods(len(prompts), period_range, seed)
+    parts = [collect_prompt(decoder, ids, max_new_tokens, period, horizon, every, per_prompt)
+             for ids, period in tqdm(list(zip(prompts, periods)), desc="counterfactual data", disable=not progress)]
+    empty = (np.zeros((0, len(signals.NAMES)), np.float32), np.zeros(0))
+    return CounterfactualData(np.concatenate([x for x, _ in [empty, *parts]]),
+                              np.concatenate([g for _, g in [empty, *parts]]), horizon)

@@ -15,9 +15,35 @@ def make_vec_env(env_fns, norm_reward: bool = True):
     return VecNormalize(DummyVecEnv(env_fns), norm_obs=True, norm_reward=norm_reward, clip_obs=10.0)
 
 
+def rollout_timesteps(timesteps: int, n_envs: int, n_steps: int = 128) -> int:
+    """The environment steps PPO really takes for ``timesteps``: it learns in whole rollouts of n_steps x n_envs."""
+    per = n_steps * n_envs
+    return -(-timesteps // per) * per
+
+
+def progress_callback(total: int, desc: str):
+    """A tqdm bar over PPO's environment steps (SB3's own bar needs rich)."""
+    from stable_baselines3.common.callbacks import BaseCallback
+    from tqdm.auto import tqdm
+
+    class Progress(BaseCallback):
+        def _on_training_start(self):
+            self.bar = tqdm(total=total, desc=desc)
+
+        def _on_step(self):
+            self.bar.update(self.training_env.num_envs)  # callbacks count vector steps
+            return True
+
+        def _on_training_end(self):
+            self.bar.close()
+
+    return Progress()
+
+
 def train_ppo(env_fns, timesteps: int, seed: int = 0, callback=None, net_arch=(32, 32), n_steps: int = 128,
-              learning_rate: float = 3e-4, ent_coef: float = 0.01, logger=None):
-    """Train PPO on ``env_fns`` (thunks making RefreshEnvs). Returns (model, vec_normalize)."""
+              learning_rate: float = 3e-4, ent_coef: float = 0.01, logger=None, progress: str | None = None):
+    """Train PPO on ``env_fns`` (thunks making RefreshEnvs), with a progress bar titled ``progress`` if given.
+    Returns (model, vec_normalize). Deterministic given ``seed`` (SB3 seeds python, numpy, torch and the envs)."""
     from stable_baselines3 import PPO
 
     venv = make_vec_env(env_fns)
@@ -27,6 +53,9 @@ def train_ppo(env_fns, timesteps: int, seed: int = 0, callback=None, net_arch=(3
                 policy_kwargs={"net_arch": list(net_arch)})
     if logger is not None:
         model.set_logger(logger)
+    if progress is not None:
+        bar = progress_callback(rollout_timesteps(timesteps, len(env_fns), n_steps), progress)
+        callback = bar if callback is None else [callback, bar]
     model.learn(total_timesteps=timesteps, callback=callback, progress_bar=False)
     return model, venv
 

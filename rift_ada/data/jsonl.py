@@ -12,6 +12,13 @@ def load_jsonl(path: str | Path, require_reference: bool = False) -> list[Task]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"prompt file {str(path)!r} does not exist")
+    try:
+        return _read_tasks(path, require_reference)
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text; expected one JSON object per line") from None
+
+
+def _read_tasks(path: Path, require_reference: bool) -> list[Task]:
     tasks = []
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):

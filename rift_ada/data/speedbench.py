@@ -18,21 +18,30 @@ PLACEHOLDER = "FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE"
 CATEGORY_ALIASES = {"low": "low_entropy", "high": "high_entropy", "mixed": "mixed"}
 
 
-def _read_rows(path: Path) -> list[dict]:
+def _read_rows(path: Path) -> list:
     if path.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
         except ImportError:
             raise ImportError("reading .parquet needs pyarrow: pip install 'rift-ada[speedbench]'") from None
-        return pq.read_table(path).to_pylist()
+        try:
+            return pq.read_table(path).to_pylist()
+        except Exception as e:  # pyarrow's ArrowInvalid / OSError for a corrupt or truncated file
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ValueError(f"{path}: not a readable parquet file ({reason})") from None
     rows = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); a SPEED-Bench .jsonl file "
+                                         "holds one JSON object per line") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text; SPEED-Bench files are .jsonl (text) or .parquet (by suffix)") \
+            from None
     return rows
 
 
@@ -61,10 +70,14 @@ def load_speedbench(
         where = f"{path.name} row {i} (question_id {row.get('question_id', '?')!r})" if isinstance(row, dict) \
             else f"{path.name} row {i}"
         if not isinstance(row, dict):
-            raise ValueError(f"{where}: expected an object")
+            raise ValueError(f"{where}: expected a JSON object with {', '.join(REQUIRED)}, got a {type(row).__name__}")
         missing = [k for k in REQUIRED if k not in row]
         if missing:
             raise ValueError(f"{where}: missing field(s) {', '.join(missing)}; not a SPEED-Bench file?")
+        if not isinstance(row["question_id"], (str, int)) or isinstance(row["question_id"], bool):
+            raise ValueError(f"{where}: 'question_id' must be a string or an integer")
+        if not isinstance(row["category"], str):
+            raise ValueError(f"{where}: 'category' must be a string (low_entropy, mixed, high_entropy, ...)")
         turns = row["turns"]
         if not isinstance(turns, (list, tuple)) or not turns or not all(isinstance(t, str) for t in turns):
             raise ValueError(f"{where}: 'turns' must be a non-empty list of strings")

@@ -8,6 +8,10 @@ lines of the file to write next. The three families differ in how much of the ri
 - ``mixed`` (continue): the first part of the file (imports, definitions) is in the prompt; ``# continued: NAME``
                         opens its second part, which reuses those identifiers but is not in the prompt.
 - ``high``  (free):     a file the prompt does not hold; ordinary code completion.
+- ``sort``  (reorder):  labelled passages (functions and classes cut from files, ``# passage C``), then
+                        ``# order: C, A, ...``; the continuation writes every passage again in that order, so
+                        retrieval jumps between distant regions as generation proceeds (SPEED-Bench's sorting
+                        category of the low-entropy tier).
 
 Prompts are cut at line ends. For tokenizers that keep newlines as their own pre-tokens (the testbed's) this makes
 ``tokenize(prompt + reference) == tokenize(prompt) + tokenize(reference)``.
@@ -15,19 +19,25 @@ Prompts are cut at line ends. For tokenizers that keep newlines as their own pre
 
 from __future__ import annotations
 
+import ast
 import random
+import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from .corpus import SourceFile, load_corpus
 
-FAMILIES = ("low", "mixed", "high")
+FAMILIES = ("low", "mixed", "high", "sort")
 FILE_HEADER = "# file: {name}\n"
 MARKERS = {"low": "# copy of: {name}\n", "mixed": "# continued: {name}\n", "high": "# file: {name}\n"}
 HEAD_LINES = 6  # opening lines shown after the marker
 MIN_HEAD_TOKENS = 16
+MIN_PASSAGE_TOKENS, MAX_PASSAGE_TOKENS = 24, 600  # sort: passages outside this range are skipped
 MIN_CHUNK_TOKENS = 64  # a distractor smaller than this is not worth a header
+PASSAGE_HEADER = "# passage {label}\n"
+ORDER_LINE = "# order: {order}\n"
+LABELS = string.ascii_uppercase  # one token each; at most 26 passages in a prompt
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,7 @@ class _LineTokens:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self._cache: dict[str, tuple[list[str], list[int]]] = {}
+        self._passages: dict[str, list[tuple[str, int]]] = {}
 
     def __call__(self, f: SourceFile) -> tuple[list[str], list[int]]:
         if f.name not in self._cache:
@@ -56,6 +67,30 @@ class _LineTokens:
 
     def count(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def passages(self, f: SourceFile) -> list[tuple[str, int]]:
+        """Top-level functions and classes of ``f`` (with decorators) as (text, tokens); methods of long classes."""
+        if f.name not in self._passages:
+            lines, counts = self(f)
+            try:
+                tree = ast.parse(f.text)
+            except (SyntaxError, ValueError):
+                tree = None
+            out = []
+            nodes = list(tree.body) if tree is not None else []
+            while nodes:
+                node = nodes.pop(0)
+                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    continue
+                start = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+                end = node.end_lineno or node.lineno
+                size = sum(counts[start:end])
+                if size > MAX_PASSAGE_TOKENS and isinstance(node, ast.ClassDef):
+                    nodes[:0] = node.body  # a long class: its methods are passages of their own
+                elif MIN_PASSAGE_TOKENS <= size <= MAX_PASSAGE_TOKENS:
+                    out.append(("".join(lines[start:end]), size))
+            self._passages[f.name] = out
+        return self._passages[f.name]
 
 
 def _take(lines: list[str], counts: list[int], start: int, budget: int) -> tuple[str, int, int]:
@@ -91,13 +126,75 @@ def build_tasks(
     if min_reference_tokens > reference_tokens:
         raise ValueError("min_reference_tokens must not exceed reference_tokens")
     if input_tokens < reference_tokens // 2 + 4 * MIN_CHUNK_TOKENS:
-        raise ValueError(f"input_tokens={input_tokens} is too small for tasks (need >= "
-                         f"{reference_tokens // 2 + 4 * MIN_CHUNK_TOKENS} with reference_tokens={reference_tokens})")
+        need = reference_tokens // 2 + 4 * MIN_CHUNK_TOKENS
+        raise ValueError(f"--input-tokens {input_tokens} is too small: built tasks need at least {need} prompt tokens "
+                         f"(room for the copied file and a few others beside a {reference_tokens}-token continuation)")
     if files is None:
         files = load_corpus(source_dir, split or ("eval" if source_dir is None else "all"))
-    lt = _LineTokens(tokenizer)
-    return [_build_one(lt, files, family, i, input_tokens, reference_tokens, min_reference_tokens, seed)
-            for i in range(n)]
+    builder = TaskBuilder(tokenizer, files)
+    return [builder.build(family, i, input_tokens, reference_tokens, min_reference_tokens, seed) for i in range(n)]
+
+
+class TaskBuilder:
+    """Builds single tasks from one corpus, caching each file's per-line token counts (the testbed trainer draws
+    hundreds of thousands of tasks from one builder)."""
+
+    def __init__(self, tokenizer, files: Sequence[SourceFile]):
+        self.files = files
+        self.lines = _LineTokens(tokenizer)
+
+    def build(self, family: str, i: int, input_tokens: int, reference_tokens: int = 512,
+              min_reference_tokens: int = 256, seed: int = 0) -> Task:
+        build = _build_sort if family == "sort" else _build_one
+        return build(self.lines, self.files, family, i, input_tokens, reference_tokens, min_reference_tokens, seed)
+
+
+def _build_sort(lt: _LineTokens, files, family, i, input_tokens, reference_tokens, min_reference, seed) -> Task:
+    """Labelled passages filling ``input_tokens``, an order line, and the passages again in that order."""
+    rng = random.Random(f"rift-ada/{seed}/{family}/{input_tokens}/{i}")
+    # Passages large enough that 26 labels fill the prompt, small enough that several fit.
+    lo = max(MIN_PASSAGE_TOKENS, input_tokens // 40)
+    hi = max(lo, min(MAX_PASSAGE_TOKENS, input_tokens // 4))
+    budget = input_tokens - lt.count(ORDER_LINE.format(order=", ".join(LABELS)))
+    chosen: list[tuple[str, str]] = []  # (file name, passage text)
+    seen = set()
+    for _ in range(4000):  # bounded: a corpus without functions or classes has nothing to offer
+        if len(chosen) == len(LABELS) or budget < lo + 8:
+            break
+        f = files[rng.randrange(len(files))]
+        options = [p for p in lt.passages(f) if lo <= p[1] <= min(hi, budget - 8) and (f.name, p[0]) not in seen]
+        if not options:
+            continue
+        text, size = options[rng.randrange(len(options))]
+        seen.add((f.name, text))
+        chosen.append((f.name, text))
+        budget -= size + lt.count(PASSAGE_HEADER.format(label=LABELS[len(chosen) - 1]))
+    if len(chosen) < 2:
+        raise ValueError(f"the corpus has too few functions or classes of {lo}-{hi} tokens for 'sort' tasks")
+    labels = LABELS[:len(chosen)]
+    order = list(range(len(chosen)))
+    while order == sorted(order):  # the order must differ from the prompt's
+        rng.shuffle(order)
+    prompt = "".join(PASSAGE_HEADER.format(label=lb) + text for lb, (_, text) in zip(labels, chosen))
+    prompt += ORDER_LINE.format(order=", ".join(labels[k] for k in order))
+    reference, used = "", 0
+    for k in order:  # whole lines, up to reference_tokens
+        for line in (PASSAGE_HEADER.format(label=labels[k]) + chosen[k][1]).splitlines(keepends=True):
+            n = lt.count(line)
+            if used + n > reference_tokens:
+                break
+            reference, used = reference + line, used + n
+        else:
+            continue
+        break
+    return Task(
+        task_id=f"{family}-{input_tokens}-{seed}-{i}",
+        family=family,
+        prompt=prompt,
+        reference=reference,
+        target_file=chosen[order[0]][0],
+        files=tuple(name for name, _ in chosen),
+    )
 
 
 def _build_one(lt: _LineTokens, files, family, i, input_tokens, reference_tokens, min_reference, seed) -> Task:

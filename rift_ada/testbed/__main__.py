@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
-from ..cli import add_task_options, fail, tasks_from_args
+from ..cli import ArgumentParser, add_runtime_options, add_task_options, apply_runtime, fail, tasks_from_args
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rift_ada.testbed", description=__doc__)
+    parser = ArgumentParser(prog="python -m rift_ada.testbed", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="greedy copy accuracy of target and draft, and their agreement",
                            description="Greedy copy accuracy of target and draft on held-out low-entropy prompts, "
@@ -19,11 +18,18 @@ def main(argv=None) -> int:
     check.add_argument("--draft", default="testbed-draft", help="draft: 'testbed-draft', a local folder or a hub id")
     check.add_argument("--new-tokens", type=int, default=256, help="greedy tokens generated per prompt")
     add_task_options(check, prompts=12, input_tokens=2048, task="low")
+    add_runtime_options(check)
+    check.add_argument("--code-windows", type=int, default=32,
+                       help="plain-code windows of 1,024 tokens for code top-1 / NLL (0: skip; default %(default)s)")
+    check.add_argument("--family-prompts", type=int, default=None,
+                       help="prompts of the 'high' and 'sort' families for draft_agreement_high and "
+                            "target_sort_accuracy (default: --prompts; 0: skip)")
     check.add_argument("--json", action="store_true", help="print one JSON object (summary only)")
     check.add_argument("--per-prompt", action="store_true", help="with --json: include one row per prompt")
     args = parser.parse_args(argv)
 
     try:
+        apply_runtime(args)
         from ..models import load_model, load_tokenizer
         from .check import run_check
 
@@ -33,10 +39,28 @@ def main(argv=None) -> int:
             hf_logging.disable_progress_bar()
         if args.new_tokens < 1:
             raise ValueError("--new-tokens must be >= 1")
+        if args.code_windows < 0 or (args.family_prompts is not None and args.family_prompts < 0):
+            raise ValueError("--code-windows and --family-prompts must be >= 0")
         tok = load_tokenizer(args.target)
-        target, draft = load_model(args.target), load_model(args.draft)
+        target = load_model(args.target, dtype=args.dtype, device=args.device)
+        draft = load_model(args.draft, dtype=args.dtype, device=args.device)
         tasks = tasks_from_args(args, tok, require_reference=True)
-        result = run_check(target, draft, tok, tasks, args.new_tokens, progress=not args.json)
+        extra = {}
+        built = not (args.data or args.speedbench)
+        n_family = args.prompts if args.family_prompts is None else args.family_prompts
+        if built and n_family > 0:
+            from ..data.tasks import build_tasks
+
+            for family, key in (("high", "high_tasks"), ("sort", "sort_tasks")):
+                extra[key] = build_tasks(tok, family, n=n_family, input_tokens=args.input_tokens, seed=args.seed,
+                                         source_dir=args.source_dir)
+        if args.code_windows > 0:
+            from ..data.corpus import load_corpus
+            from .check import code_windows
+
+            files = load_corpus(args.source_dir, "all" if args.source_dir else "eval")
+            extra["code_windows"] = code_windows(tok, files, args.code_windows, 1024, seed=args.seed)
+        result = run_check(target, draft, tok, tasks, args.new_tokens, **extra)  # progress on stderr
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         return fail(e)
     if not args.per_prompt:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
 import torch
 from tqdm.auto import tqdm
 
-from ..data.tasks import Task, encode
+from ..data.tasks import FILE_HEADER, Task, encode
 from ..models import check_vocab
 
 
@@ -43,15 +45,17 @@ def agreement(target, draft, prompt_ids: list[int], reference: list[int], n: int
     return (t == d).float().mean().item()
 
 
-def run_check(target, draft, tokenizer, tasks: list[Task], new_tokens: int = 256, progress: bool = True) -> dict:
+def run_check(target, draft, tokenizer, tasks: list[Task], new_tokens: int = 256, progress: bool = True,
+              high_tasks: list[Task] | None = None, sort_tasks: list[Task] | None = None,
+              code_windows: list[list[int]] | None = None) -> dict:
+    """Copy accuracy and agreement on ``tasks``; optionally agreement on ``high_tasks``, the target's greedy accuracy
+    on ``sort_tasks`` and teacher-forced top-1 / NLL of both models on plain-code ``code_windows``."""
     check_vocab(target, draft)
+    bar = tqdm(total=len(tasks) + len(high_tasks or []) + len(sort_tasks or []) + (1 if code_windows else 0),
+               desc="testbed check", disable=not progress)
     rows = []
-    for task in tqdm(tasks, desc="testbed check", disable=not progress):
-        prompt, ref = encode(tokenizer, task.prompt), encode(tokenizer, task.reference)
-        if not ref:
-            raise ValueError(f"task {task.task_id!r} has no reference continuation to score against")
-        for m in (target, draft):
-            check_fits(m, len(prompt) + max(new_tokens, 1))
+    for task in tasks:
+        prompt, ref = _encode_task(tokenizer, task, (target, draft), new_tokens)
         rows.append({
             "task_id": task.task_id,
             "prompt_tokens": len(prompt),
@@ -59,13 +63,77 @@ def run_check(target, draft, tokenizer, tasks: list[Task], new_tokens: int = 256
             "draft_copy_accuracy": copy_accuracy(greedy_continuation(draft, prompt, new_tokens), ref, new_tokens),
             "draft_agreement": agreement(target, draft, prompt, ref, new_tokens),
         })
-    mean = lambda k: sum(r[k] for r in rows) / len(rows)  # noqa: E731
-    return {
-        "target_copy_accuracy": mean("target_copy_accuracy"),
-        "draft_copy_accuracy": mean("draft_copy_accuracy"),
-        "draft_agreement": mean("draft_agreement"),
+        bar.update(1)
+    mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
+    result = {
+        "target_copy_accuracy": mean(rows, "target_copy_accuracy"),
+        "draft_copy_accuracy": mean(rows, "draft_copy_accuracy"),
+        "draft_agreement": mean(rows, "draft_agreement"),
         "prompts": len(rows),
-        "mean_prompt_tokens": mean("prompt_tokens"),
+        "mean_prompt_tokens": mean(rows, "prompt_tokens"),
         "new_tokens": new_tokens,
-        "per_prompt": rows,
     }
+    if high_tasks:
+        agree = []
+        for task in high_tasks:
+            prompt, ref = _encode_task(tokenizer, task, (target, draft), new_tokens)
+            agree.append(agreement(target, draft, prompt, ref, new_tokens))
+            bar.update(1)
+        result["draft_agreement_high"] = sum(agree) / len(agree)
+    if sort_tasks:
+        acc = []
+        for task in sort_tasks:
+            prompt, ref = _encode_task(tokenizer, task, (target,), new_tokens)
+            acc.append(copy_accuracy(greedy_continuation(target, prompt, new_tokens), ref, new_tokens))
+            bar.update(1)
+        result["target_sort_accuracy"] = sum(acc) / len(acc)
+    if code_windows:
+        t, d = code_scores(target, code_windows), code_scores(draft, code_windows)
+        result.update({"target_code_top1": t["top1"], "target_code_nll": t["nll"], "draft_code_top1": d["top1"],
+                       "draft_code_nll": d["nll"], "code_tokens": sum(len(w) - 1 for w in code_windows)})
+        bar.update(1)
+    bar.close()
+    result["per_prompt"] = rows
+    return result
+
+
+def _encode_task(tokenizer, task: Task, models, new_tokens: int) -> tuple[list[int], list[int]]:
+    prompt, ref = encode(tokenizer, task.prompt), encode(tokenizer, task.reference)
+    if not ref:
+        raise ValueError(f"task {task.task_id!r} has no reference continuation to score against")
+    for m in models:
+        check_fits(m, len(prompt) + max(new_tokens, 1))
+    return prompt, ref
+
+
+@torch.inference_mode()
+def code_scores(model, windows: list[list[int]]) -> dict:
+    """Teacher-forced top-1 accuracy and NLL (nats/token) of ``model`` on token windows of plain code."""
+    hits = nll = n = 0.0
+    for w in windows:
+        ids = torch.tensor([w], device=model.device)
+        logits = model(input_ids=ids[:, :-1]).logits[0].float()
+        y = ids[0, 1:]
+        hits += (logits.argmax(-1) == y).sum().item()
+        nll += torch.nn.functional.cross_entropy(logits, y, reduction="sum").item()
+        n += len(y)
+    return {"top1": hits / n, "nll": nll / n}
+
+
+def code_windows(tokenizer, files, n: int, length: int, seed: int = 0) -> list[list[int]]:
+    """``n`` deterministic windows of ``length + 1`` tokens of plain code (a ``# file:`` header, then lines)."""
+    rng = random.Random(f"code-eval/{seed}")
+    files = [f for f in files if f.text.count("\n") >= 8]
+    out = []
+    for _ in range(100 * n):
+        if len(out) == n or not files:
+            break
+        f = files[rng.randrange(len(files))]
+        lines = f.text.splitlines(keepends=True)
+        start = rng.randrange(max(1, len(lines) - 4))
+        ids = encode(tokenizer, FILE_HEADER.format(name=f.name) + "".join(lines[start:]))
+        if len(ids) > length:
+            out.append(ids[:length + 1])
+    if not out:
+        raise ValueError(f"no file in the corpus has {length + 1} tokens for a plain-code window")
+    return out

@@ -1,42 +1,53 @@
-"""Training the testbed's target and draft from scratch on this machine's CPU.
+"""Training the testbed's target and draft from scratch on this machine's CPU (or a GPU).
 
-The recipe is a list of stages; each stage mixes three kinds of batches:
+Both models are ordinary HF Llama models trained from random initialisation; nothing is hand-set. The recipe is a
+list of stages of growing sequence length. Each stage draws batches of six kinds:
+
 - ``repeat``: uniform random tokens in which one segment is written again and again after random gaps. Dense repeats
-  are what makes induction heads (match, then copy) form quickly in a small model (see shared/notes/TESTBED.md).
-- ``copy``: the low-entropy task format (files, ``# copy of: NAME``, the file again) from the training split, with a
-  few tokens of the copied part corrupted in the *input* so the model learns to resynchronise after an error.
-- ``code``: plain windows of training-split source files (the model must also write ordinary code).
+  make induction heads (match, then copy) form within minutes in a small model (shared/notes/TESTBED.md).
+- ``code``: plain windows of training-split source files behind ``# file: NAME`` headers: the language model.
+- ``low`` / ``mixed`` / ``high`` / ``sort``: the task formats the framework evaluates, built by the task builder from
+  training-split files. In ``low`` and ``sort`` samples some tokens of the continuation are corrupted in the *input*
+  (the targets stay right), so the model learns to resynchronise after an error when copying greedily.
 
-Everything is built at the token level from a pre-tokenized corpus; the testbed tokenizer is line-local, so these
-token sequences equal the tokenization of the same text.
+Lengths grow stage by stage (256 -> 4.6K tokens): a model trained at short lengths does not retrieve from further
+back than it was trained on. Target and draft see the same batches in the same loop (the draft is smaller: the
+weaker model real drafts are); each has its own AdamW, reset at every stage boundary so a stage can be resumed from
+its start with the weights alone. Within a stage a checkpoint (weights, optimisers, data RNG states) is written
+every few minutes; resuming from it reproduces an uninterrupted run bit for bit on the same hardware and threads.
 """
 
 from __future__ import annotations
 
-import math
+import json
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from ..data.corpus import SourceFile
-from ..data.tasks import FILE_HEADER, MARKERS
+from ..data.tasks import FILE_HEADER, TaskBuilder
+from .check import code_scores
 
 IGNORE = -100
+KINDS = ("repeat", "code", "low", "mixed", "high", "sort")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelShape:
-    layers: int = 2
-    hidden: int = 128
-    intermediate: int = 256
-    heads: int = 4
-    kv_heads: int = 2
-    head_dim: int = 128
-    rope_theta: float = 1e20  # huge base: most rotary pairs barely turn over 8K tokens, so matching ignores distance
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    # Llama 3's base for an 8K context: the slowest rotary pairs still separate positions 8K apart, and the
+    # fastest ones give the previous-token heads that induction is built from.
+    rope_theta: float = 5e5
     max_positions: int = 8192
 
     def config(self, vocab_size: int, eos_id: int):
@@ -51,290 +62,286 @@ class ModelShape:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Stage:
     steps: int
     length: int
     batch: int
-    lr: float
+    lr: tuple[float, float]  # learning rate at the stage's first and last step (linear in between)
     mix: dict = field(default_factory=lambda: {"repeat": 1.0})  # kind -> probability
-    warmup: int = 0
-    corrupt: float = 0.03  # share of copied tokens corrupted in copy batches
+    warmup: int = 0  # linear warm-up steps at the stage's start
+    corrupt: float = 0.03  # share of continuation tokens corrupted in half of the low / sort samples
+
+    def lr_at(self, step: int) -> float:
+        base = self.lr[0] + (self.lr[1] - self.lr[0]) * step / max(1, self.steps - 1)
+        return base * min(1.0, (step + 1) / self.warmup) if self.warmup else base
+
+    @property
+    def tokens(self) -> int:
+        return self.steps * self.length * self.batch
 
 
-@dataclass
-class CircuitInit:
-    """A hand-set copying circuit to start training from (disclosed in the README and the training log).
-
-    Induction heads did not form from data in the compute this machine has (see shared/notes/TESTBED.md), and
-    greedy copying of code needs matching on a long context, since short n-grams repeat in code. So the weights
-    start as such a circuit and are then trained as a whole:
-    - residual layout: [constant | token code (out_dim) | x_{t-1} | x_{t-2} | ... | window averages]; the first
-      ``match_dim`` dims of a token's code are its match code, which the earlier-token slots hold;
-    - the first layers' heads are positional (their queries and keys read only the constant dim, and the
-      rotary kernel is fitted so that the head attends to offset 1, 2, ... or evenly over a window of offsets);
-    - the last layer's head 0 matches [x_t, x_{t-1}, ...] and the window averages at t against
-      [x_{j-1}, x_{j-2}, ...] and the averages at j, in the rotary pairs that barely turn (distance-free), and
-      copies the token code of x_j into the residual, which the tied unembedding reads out;
-    - MLPs start at zero output and learn during training.
-    """
-
-    exact: int = 3  # previous-token offsets 1..exact matched exactly
-    windows: tuple = ((3, 30),)  # offsets averaged into one slot each (a longer, order-free context)
-    window_weight: float = 1.5  # weight of a window slot's match relative to one exact token
-    match_dim: int = 24
-    out_dim: int = 96
-    const: float = 8.0  # the constant dim dominates the RMS, so norms barely depend on content
-    sharpness: float = 12.0  # attention logit per matched slot
-    copy_gain: float = 6.0
-    positional_pairs: int = 14  # rotary pairs used by positional heads (the fast-turning ones)
-
-
-def _fit_positional_kernel(omegas: list[float], target, t_max: int = 8192, steps: int = 600) -> torch.Tensor:
-    """Query (a_f, b_f) per rotary pair so that, with a constant key (1, 0), the head's attention over distance
-    D = t - j, softmax_D(sum_f a_f cos(D w_f) - b_f sin(D w_f)), matches ``target(t)`` for query positions t
-    from 1 to t_max. Linear in (a, b): a small convex fit."""
-    w = torch.tensor(omegas, dtype=torch.float64)
-    d = torch.arange(t_max, dtype=torch.float64)
-    cos, sin = torch.cos(d[:, None] * w), torch.sin(d[:, None] * w)
-    ts = sorted(set(range(1, 64)) | {96, 128, 200, 300, 512, 777, 1024, 1500, 2048, 3000, 4096, 6000, t_max - 1})
-    targets = [(t, target(t)) for t in ts]
-    targets = [(t, p) for t, p in targets if p is not None]
-    n = len(omegas)
-    with torch.enable_grad():
-        p = torch.zeros(2 * n, dtype=torch.float64, requires_grad=True)
-        opt = torch.optim.Adam([p], lr=0.5)
-        for _ in range(steps):
-            s = cos @ p[:n] - sin @ p[n:]
-            loss = sum(-(tg * torch.log_softmax(s[:t + 1], 0)).sum() for t, tg in targets)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    return p.detach().float()
-
-
-def _offset_target(lo: int, hi: int):
-    def target(t):
-        if t < hi:
-            return None
-        v = torch.zeros(t + 1, dtype=torch.float64)
-        v[lo:hi + 1] = 1 / (hi - lo + 1)
-        return v
-    return target
-
-
-@torch.no_grad()
-def init_copy_circuit(model, spec: CircuitInit, seed: int = 0) -> dict:
-    """Overwrite ``model``'s weights (Llama, tied embeddings) with the copying circuit; returns a description."""
-    cfg = model.config
-    d, hd, heads, kv = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    layers = model.model.layers
-    n_pos_heads = spec.exact + len(spec.windows)
-    if n_pos_heads > heads * (len(layers) - 1):
-        raise ValueError(f"{n_pos_heads} positional heads need {-(-n_pos_heads // heads) + 1} layers")
-    md, od = spec.match_dim, spec.out_dim
-    slots = [slice(1 + od + i * md, 1 + od + (i + 1) * md) for i in range(n_pos_heads)]
-    if slots[-1].stop > d:
-        raise ValueError(f"hidden size {d} is too small for {n_pos_heads} slots of {md} dims and a {od}-dim code")
-    theta = cfg.rope_parameters["rope_theta"]
-    npos = spec.positional_pairs
-    omegas = [theta ** (-2 * f / hd) for f in range(hd // 2)]
-    free = [f for f in range(npos + 1, hd // 2) if omegas[f] * cfg.max_position_embeddings < 0.25]
-    match_dims = free + [f + hd // 2 for f in free]
-    n_slots = spec.exact + len(spec.windows)
-    if len(match_dims) < n_slots * md:
-        raise ValueError(f"only {len(match_dims)} distance-free head dims for {n_slots} slots of {md}")
-
-    g = torch.Generator().manual_seed(seed)
-    vocab = model.model.embed_tokens.weight.shape[0]
-    code = torch.randn(vocab, md, generator=g)
-    rest = torch.randn(vocab, od - md, generator=g)
-    code = torch.cat([code / code.norm(dim=1, keepdim=True), rest / rest.norm(dim=1, keepdim=True)], 1) / 2 ** 0.5
-    for name, p in model.named_parameters():
-        p.fill_(1.0) if "norm" in name else p.zero_()
-    emb = model.model.embed_tokens.weight
-    emb[:, 0] = spec.const
-    emb[:, 1:1 + od] = code
-
-    C = spec.const
-    def scale(n_filled):  # RMSNorm's factor when the constant, the code and n_filled unit slots are in the residual
-        return (d / (C * C + 1 + n_filled)) ** 0.5
-
-    offsets = [(k, k) for k in range(1, spec.exact + 1)] + [tuple(w) for w in spec.windows]
-    for h, (lo, hi) in enumerate(offsets):
-        li, hh = divmod(h, heads)
-        attn, s = layers[li].self_attn, scale(min(h, heads * li))
-        ab = _fit_positional_kernel(omegas[:npos], _offset_target(lo, hi))
-        attn.q_proj.weight[hh * hd:hh * hd + npos, 0] = ab[:npos] * hd ** 0.5 / (C * s)
-        attn.q_proj.weight[hh * hd + hd // 2:hh * hd + hd // 2 + npos, 0] = ab[npos:] * hd ** 0.5 / (C * s)
-        group = hh // (heads // kv)
-        attn.k_proj.weight[group * hd:group * hd + npos, 0] = 1 / (C * s)
-        for i in range(md):  # value: the match code (unit norm) of the attended token(s)
-            attn.v_proj.weight[group * hd + i, 1 + i] = 2 ** 0.5 / s
-        gain = (hi - lo + 1) ** 0.5  # an average of n distinct codes has norm ~ 1/sqrt(n)
-        for i in range(md):
-            attn.o_proj.weight[slots[h].start + i, hh * hd + i] = gain
-
-    # The match head: slot k of the query at t against slot k of the key at j.
-    attn, s = layers[-1].self_attn, scale(n_pos_heads)
-    q_src = [slice(1, 1 + md)] + slots[:spec.exact - 1] + slots[spec.exact:]
-    k_src = slots[:spec.exact] + slots[spec.exact:]
-    weights = [2 ** 0.5] + [1.0] * (spec.exact - 1) + [spec.window_weight] * len(spec.windows)
-    for k in range(n_slots):
-        for i in range(md):
-            dim = match_dims[k * md + i]
-            attn.q_proj.weight[dim, q_src[k].start + i] = spec.sharpness * weights[k] * hd ** 0.5 / s
-            attn.k_proj.weight[dim, k_src[k].start + i] = 1 / s
-    for i in range(od):
-        attn.v_proj.weight[i, 1 + i] = 1 / s
-        attn.o_proj.weight[1 + i, i] = spec.copy_gain
-    model.model.norm.weight.zero_()
-    model.model.norm.weight[:1 + od] = 1.0
-    return {"positional_heads": [{"layer": divmod(h, heads)[0], "head": divmod(h, heads)[1], "offsets": list(o)}
-                                 for h, o in enumerate(offsets)],
-            "match_head": {"layer": len(layers) - 1, "head": 0, "distance_free_dims": len(match_dims)},
-            **{k: v for k, v in spec.__dict__.items()}}
-
-
-class TokenCorpus:
-    """Training files as lists of per-line token ids, plus the token ids of headers and markers."""
+class SampleSource:
+    """Training sequences of every kind, drawn from the training split with the RNGs it is handed."""
 
     def __init__(self, tokenizer, files: list[SourceFile]):
         self.tok = tokenizer
-        self.files = []
-        for f in tqdm(files, desc="tokenizing corpus", leave=False):
-            lines = f.text.splitlines(keepends=True)
-            if len(lines) < 8:
-                continue
-            ids = tokenizer(lines, add_special_tokens=False)["input_ids"]
-            self.files.append((f.name, ids))
         self.vocab = len(tokenizer)
+        self.eos = tokenizer.eos_token_id
+        self.tasks = TaskBuilder(tokenizer, files)
+        self.files = [f for f in files if f.text.count("\n") >= 8]
+        self._lines: dict[str, list[list[int]]] = {}
 
     def encode(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
-    def window(self, rng: random.Random, budget: int) -> tuple[str, list[int], list[list[int]]]:
-        """A random file's window of whole lines within ``budget`` tokens: (name, flat ids, lines)."""
-        name, lines = self.files[rng.randrange(len(self.files))]
-        start = rng.randrange(max(1, len(lines) - 4))
-        out, used = [], 0
-        for ln in lines[start:]:
-            if used + len(ln) > budget:
+    def _file_lines(self, f: SourceFile) -> list[list[int]]:
+        if f.name not in self._lines:
+            self._lines[f.name] = self.tok(f.text.splitlines(keepends=True), add_special_tokens=False)["input_ids"]
+        return self._lines[f.name]
+
+    def repeat(self, nrng: np.random.Generator, length: int):
+        """Dense repeats: one random segment copied again and again; loss on 2nd+ copies (first token excluded)."""
+        seg_len = int(nrng.integers(8, 25))
+        seg = nrng.integers(1, self.vocab, seg_len)
+        ids = nrng.integers(1, self.vocab, length + 1)
+        mask = np.zeros(length + 1, dtype=bool)
+        pos, k = int(nrng.integers(0, 17)), 0
+        max_gap = max(16, length // 8)
+        while pos + seg_len <= length + 1:
+            ids[pos:pos + seg_len] = seg
+            if k > 0:
+                mask[pos + 1:pos + seg_len] = True
+            k += 1
+            pos += seg_len + int(nrng.integers(0, max_gap + 1))
+        return ids, ids, mask
+
+    def code(self, rng: random.Random, length: int):
+        out: list[int] = []
+        while len(out) < length + 1:
+            f = self.files[rng.randrange(len(self.files))]
+            lines = self._file_lines(f)
+            start = rng.randrange(max(1, len(lines) - 4))
+            out += self.encode(FILE_HEADER.format(name=f.name))
+            for ln in lines[start:]:
+                out += ln
+                if len(out) > length:
+                    break
+        ids = np.array(out[:length + 1])
+        return ids, ids, np.ones(length + 1, dtype=bool)
+
+    def task(self, rng: random.Random, family: str, length: int, corrupt: float):
+        """One task of ``family`` (prompt + continuation) filling ``length + 1`` tokens; EOS-padded, pad masked."""
+        ref = rng.randint(length // 8, length // 3)
+        task = self.tasks.build(family, rng.randrange(1 << 30), input_tokens=length + 1 - ref, reference_tokens=ref,
+                                min_reference_tokens=min(ref, 48), seed=rng.randrange(1 << 30))
+        prompt, cont = self.encode(task.prompt), self.encode(task.reference)
+        seq = (prompt + cont)[:length + 1]
+        n = len(seq)
+        ids = np.array(seq + [self.eos] * (length + 1 - n))
+        mask = np.zeros(length + 1, dtype=bool)
+        mask[:n] = True
+        inputs = ids.copy()
+        if corrupt > 0 and family in ("low", "sort") and rng.random() < 0.5:
+            lo, hi = len(prompt) + 4, n - 1
+            for _ in range(max(1, round(corrupt * (hi - lo))) if hi > lo else 0):
+                inputs[rng.randrange(lo, hi)] = rng.randrange(1, self.vocab)
+        return inputs, ids, mask
+
+    def batch(self, kind: str, stage: Stage, rng: random.Random, nrng: np.random.Generator):
+        xs, ys = [], []
+        for _ in range(stage.batch):
+            if kind == "repeat":
+                inputs, ids, mask = self.repeat(nrng, stage.length)
+            elif kind == "code":
+                inputs, ids, mask = self.code(rng, stage.length)
+            elif kind in ("low", "mixed", "high", "sort"):
+                inputs, ids, mask = self.task(rng, kind, stage.length, stage.corrupt)
+            else:
+                raise ValueError(f"unknown batch kind {kind!r}; choose from {', '.join(KINDS)}")
+            xs.append(torch.from_numpy(np.asarray(inputs[:-1], dtype=np.int64)))
+            ys.append(torch.from_numpy(np.where(mask[1:], ids[1:], IGNORE).astype(np.int64)))
+        return torch.stack(xs), torch.stack(ys)
+
+
+def stage_rngs(seed: int, stage: int) -> tuple[random.Random, np.random.Generator]:
+    """Each stage's data comes from its own seed, so a stage resumed from its start sees the same batches."""
+    return random.Random(f"testbed/{seed}/{stage}"), np.random.default_rng([seed, stage])
+
+
+def _optimizer(model):
+    return torch.optim.AdamW(model.parameters(), lr=0.0, betas=(0.9, 0.98), weight_decay=0.0, eps=1e-8)
+
+
+def cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _autocast(device: str):
+    """bf16 autocast on CUDA and on CPUs with native bf16 (1.7x faster training here); float32 elsewhere."""
+    if device.startswith("cuda"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=cpu_has_bf16())
+
+
+class Trainer:
+    """Trains several models (target and draft) on the same batches, stage by stage, with checkpoints.
+
+    ``work_dir`` holds ``checkpoint.pt`` (mid-stage: weights, optimisers, RNG states; rewritten every
+    ``checkpoint_minutes``) and ``stage-K/`` folders (each model's weights at the end of stage K, enough to resume
+    from stage K+1). ``log.jsonl`` gets a row every ``log_every`` steps.
+    """
+
+    def __init__(self, models: dict, stages: list[Stage], source: SampleSource, work_dir: str | Path, seed: int = 0,
+                 device: str = "cpu", checkpoint_minutes: float = 5.0, log_every: int = 50,
+                 eval_windows: list[list[int]] | None = None, progress: bool = True):
+        self.models = models
+        self.stages = stages
+        self.source = source
+        self.work_dir = Path(work_dir)
+        self.seed = seed
+        self.device = device
+        self.checkpoint_seconds = checkpoint_minutes * 60
+        self.log_every = log_every
+        self.eval_windows = eval_windows or []
+        self.progress = progress
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+
+    # -- persistence -------------------------------------------------------------------------------------------
+    def _stage_dir(self, k: int) -> Path:
+        return self.work_dir / f"stage-{k}"
+
+    def _save_stage(self, k: int, seconds: float) -> None:
+        d = self._stage_dir(k)
+        for name, m in self.models.items():
+            m.save_pretrained(d / name)
+        (d / "done.json").write_text(json.dumps({"stage": k, "seconds": round(seconds, 1)}))
+
+    def _save_checkpoint(self, k: int, step: int, opts: dict, rng, nrng, running: dict) -> None:
+        state = {"stage": k, "step": step, "models": {n: m.state_dict() for n, m in self.models.items()},
+                 "optimizers": {n: o.state_dict() for n, o in opts.items()}, "rng": rng.getstate(),
+                 "nrng": nrng.bit_generator.state, "running": running}
+        tmp = self.work_dir / "checkpoint.pt.tmp"
+        torch.save(state, tmp)
+        tmp.replace(self.work_dir / "checkpoint.pt")
+
+    def resume_point(self) -> tuple[int, dict | None]:
+        """(first stage still to run, mid-stage checkpoint or None); loads the weights it resumes from."""
+        ckpt_path = self.work_dir / "checkpoint.pt"
+        done = [k for k in range(len(self.stages)) if (self._stage_dir(k) / "done.json").is_file()]
+        last_done = max(done) if done else -1
+        if ckpt_path.is_file():
+            ckpt = torch.load(ckpt_path, weights_only=False, map_location="cpu")  # our own file, with RNG states
+            if ckpt["stage"] > last_done:
+                for n, m in self.models.items():
+                    m.load_state_dict(ckpt["models"][n])
+                return ckpt["stage"], ckpt
+        if last_done >= 0:
+            from safetensors.torch import load_file
+
+            for n, m in self.models.items():
+                state = load_file(str(self._stage_dir(last_done) / n / "model.safetensors"))
+                m.load_state_dict(state, strict=False)  # tied lm_head is not stored
+                m.tie_weights()
+        return last_done + 1, None
+
+    # -- training ----------------------------------------------------------------------------------------------
+    def run(self, resume: bool = False, stop_after_stage: int | None = None) -> list[dict]:
+        start_stage, ckpt = self.resume_point() if resume else (0, None)
+        if not resume and (self.work_dir / "checkpoint.pt").exists():
+            raise FileExistsError(f"{self.work_dir} already holds a build; pass --resume to continue it or choose "
+                                  "another --work-dir")
+        log_path = self.work_dir / "log.jsonl"
+        history = [json.loads(x) for x in log_path.read_text().splitlines()] if resume and log_path.exists() else []
+        history = [r for r in history if (r["stage"], r.get("step", 0)) < ((start_stage, ckpt["step"]) if ckpt else
+                                                                              (start_stage, 0))]
+        log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
+        total = sum(s.steps for s in self.stages)
+        done_steps = sum(s.steps for s in self.stages[:start_stage]) + (ckpt["step"] if ckpt else 0)
+        bar = tqdm(total=total, initial=done_steps, desc="testbed", disable=not self.progress, smoothing=0.05)
+        for k in range(start_stage, len(self.stages)):
+            if stop_after_stage is not None and k > stop_after_stage:
                 break
-            out.append(ln)
-            used += len(ln)
-        return name, [t for ln in out for t in ln], out
+            self._run_stage(k, ckpt if ckpt and ckpt["stage"] == k else None, bar, history, log_path)
+            ckpt = None
+        bar.close()
+        return history
 
-
-def repeat_sample(rng: np.random.Generator, length: int, vocab: int, low: int = 1):
-    """Dense repeats: one random segment copied again and again; loss on 2nd+ copies (first token excluded)."""
-    seg_len = int(rng.integers(8, 25))
-    seg = rng.integers(low, vocab, seg_len)
-    ids = rng.integers(low, vocab, length + 1)
-    mask = np.zeros(length + 1, dtype=bool)
-    pos, k = int(rng.integers(0, 17)), 0
-    max_gap = max(16, length // 8)
-    while pos + seg_len <= length + 1:
-        ids[pos:pos + seg_len] = seg
-        if k > 0:
-            mask[pos + 1:pos + seg_len] = True
-        k += 1
-        pos += seg_len + int(rng.integers(0, max_gap + 1))
-    return ids, mask
-
-
-def copy_sample(corpus: TokenCorpus, rng: random.Random, length: int, corrupt: float):
-    """Files, then ``# copy of: NAME`` + the file again; returns (input ids, target ids, loss mask) of ``length``."""
-    target_budget = rng.randint(min(length // 4, 256), max(length // 2, 64))
-    name, body, _ = corpus.window(rng, target_budget)
-    marker = corpus.encode(MARKERS["low"].format(name=name))
-    header = corpus.encode(FILE_HEADER.format(name=name))
-    ctx_budget = length + 1 - len(marker) - len(body) - len(header) - len(body)
-    pieces, used = [], 0
-    while ctx_budget - used > 48:
-        d_name, d_ids, _ = corpus.window(rng, min(ctx_budget - used - 16, rng.randint(64, 1024)))
-        h = corpus.encode(FILE_HEADER.format(name=d_name))
-        if len(h) + len(d_ids) > ctx_budget - used or not d_ids:
-            break
-        pieces.append(h + d_ids)
-        used += len(h) + len(d_ids)
-    pieces.insert(rng.randint(0, len(pieces)), header + body)
-    prefix = [t for p in pieces for t in p] + marker
-    seq = prefix + body
-    seq = seq[:length + 1]
-    seq += [corpus.tok.eos_token_id] * (length + 1 - len(seq))
-    ids = np.array(seq)
-    mask = np.zeros(length + 1, dtype=bool)
-    copy_start = len(prefix)
-    mask[copy_start + 1:min(len(prefix) + len(body), length + 1)] = True
-    inputs = ids.copy()
-    if corrupt > 0:
-        n = int(rng.random() < 0.5) * max(0, int(round(corrupt * (len(body)))))
-        for _ in range(n):
-            p = rng.randrange(copy_start + 4, max(copy_start + 5, min(len(seq) - 1, length)))
-            inputs[p] = rng.randrange(1, corpus.vocab)
-    return inputs, ids, mask
-
-
-def code_sample(corpus: TokenCorpus, rng: random.Random, length: int):
-    out = []
-    while len(out) < length + 1:
-        name, ids, _ = corpus.window(rng, rng.randint(256, 2048))
-        out += corpus.encode(FILE_HEADER.format(name=name)) + ids
-    ids = np.array(out[:length + 1])
-    return ids.copy(), ids, np.ones(length + 1, dtype=bool)
-
-
-def make_batch(kind: str, stage: Stage, corpus: TokenCorpus, rng: random.Random, nrng: np.random.Generator):
-    xs, ys = [], []
-    for _ in range(stage.batch):
-        if kind == "repeat":
-            ids, mask = repeat_sample(nrng, stage.length, corpus.vocab)
-            inputs = ids
-        elif kind == "copy":
-            inputs, ids, mask = copy_sample(corpus, rng, stage.length, stage.corrupt)
-        elif kind == "code":
-            inputs, ids, mask = code_sample(corpus, rng, stage.length)
-        else:
-            raise ValueError(f"unknown batch kind {kind!r}")
-        x = torch.from_numpy(np.asarray(inputs[:-1], dtype=np.int64))
-        y = torch.from_numpy(np.where(mask[1:], ids[1:], IGNORE).astype(np.int64))
-        xs.append(x)
-        ys.append(y)
-    return torch.stack(xs), torch.stack(ys)
-
-
-def train_model(model, stages: list[Stage], corpus: TokenCorpus, seed: int = 0, desc: str = "train",
-                log_every: int = 50, log=print) -> list[dict]:
-    rng, nrng = random.Random(seed), np.random.default_rng(seed)
-    torch.manual_seed(seed)
-    model.train()
-    history = []
-    for si, stage in enumerate(stages):
-        opt = torch.optim.AdamW(model.parameters(), lr=stage.lr, betas=(0.9, 0.98), weight_decay=0.0)
+    def _run_stage(self, k: int, ckpt, bar, history, log_path) -> None:
+        stage = self.stages[k]
+        for m in self.models.values():
+            m.train()
+        opts = {n: _optimizer(m) for n, m in self.models.items()}
+        rng, nrng = stage_rngs(self.seed, k)
+        running = {n: {kind: [] for kind in stage.mix} for n in self.models}
+        step0 = 0
+        if ckpt is not None:
+            for n, o in opts.items():
+                o.load_state_dict(ckpt["optimizers"][n])
+            rng.setstate(ckpt["rng"])
+            nrng.bit_generator.state = ckpt["nrng"]
+            running, step0 = ckpt["running"], ckpt["step"]
         kinds, probs = zip(*stage.mix.items())
-        sched = lambda s: min(1.0, (s + 1) / max(1, stage.warmup)) * 0.5 * (1 + math.cos(math.pi * s / stage.steps))  # noqa: E731
-        losses: dict[str, list[float]] = {k: [] for k in kinds}
-        t0 = time.time()
-        bar = tqdm(range(stage.steps), desc=f"{desc} stage {si + 1}/{len(stages)} (len {stage.length})")
-        for step in bar:
-            for g in opt.param_groups:
-                g["lr"] = stage.lr * sched(step)
+        t_stage, t_ckpt, tokens_seen = time.time(), time.time(), 0
+        for step in range(step0, stage.steps):
             kind = rng.choices(kinds, probs)[0]
-            x, y = make_batch(kind, stage, corpus, rng, nrng)
-            logits = model(input_ids=x).logits
-            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            losses[kind].append(loss.item())
-            if (step + 1) % log_every == 0 or step + 1 == stage.steps:
-                row = {"stage": si + 1, "step": step + 1, "seconds": round(time.time() - t0, 1)}
-                row.update({f"loss_{k}": round(float(np.mean(v[-log_every:])), 4) for k, v in losses.items() if v})
+            x, y = self.source.batch(kind, stage, rng, nrng)
+            x, y = x.to(self.device), y.to(self.device)
+            for n, m in self.models.items():
+                for g in opts[n].param_groups:
+                    g["lr"] = stage.lr_at(step)
+                with _autocast(self.device):
+                    logits = m(input_ids=x).logits
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten(),
+                                                         ignore_index=IGNORE)
+                opts[n].zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+                opts[n].step()
+                running[n][kind] = (running[n][kind] + [loss.item()])[-self.log_every:]
+            tokens_seen += x.numel()
+            bar.update(1)
+            elapsed = time.time() - t_stage
+            bar.set_postfix_str(f"stage {k + 1}/{len(self.stages)} len {stage.length} "
+                                f"{tokens_seen / max(elapsed, 1e-9):,.0f} tok/s " + " ".join(
+                                    f"{n[0]}:{kd}={np.mean(v):.2f}" for n in self.models
+                                    for kd, v in running[n].items() if v))
+            if (step + 1) % self.log_every == 0 or step + 1 == stage.steps:
+                row = {"stage": k, "step": step + 1, "lr": stage.lr_at(step), "seconds": round(elapsed, 1),
+                       **{f"{n}_loss_{kd}": round(float(np.mean(v)), 4) for n in self.models
+                          for kd, v in running[n].items() if v}}
                 history.append(row)
-                bar.set_postfix({k: v for k, v in row.items() if k.startswith("loss")})
-                if log:
-                    log(row)
-    model.eval()
-    return history
+                with log_path.open("a") as fh:
+                    fh.write(json.dumps(row) + "\n")
+            if time.time() - t_ckpt > self.checkpoint_seconds and step + 1 < stage.steps:
+                self._save_checkpoint(k, step + 1, opts, rng, nrng, running)
+                t_ckpt = time.time()
+        seconds = time.time() - t_stage
+        row = {"stage": k, "step": stage.steps, "end_of_stage": True, "seconds": round(seconds, 1)}
+        for n, m in self.models.items():
+            if self.eval_windows:
+                m.eval()
+                s = code_scores(m, self.eval_windows)
+                m.train()
+                row.update({f"{n}_code_top1": round(s["top1"], 4), f"{n}_code_nll": round(s["nll"], 4)})
+        history.append(row)
+        with log_path.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        bar.write(json.dumps(row))
+        self._save_stage(k, seconds)
+        (self.work_dir / "checkpoint.pt").unlink(missing_ok=True)
+
+
+def recipe_dict(stages: list[Stage]) -> list[dict]:
+    return [{**asdict(s), "tokens": s.tokens} for s in stages]
+
+
+def total_tokens(stages: list[Stage]) -> int:
+    return sum(s.tokens for s in stages)
+
+
+__all__ = ["KINDS", "ModelShape", "SampleSource", "Stage", "Trainer", "recipe_dict", "total_tokens"]

@@ -1,0 +1,106 @@
+"""The testbed recipe: a staged build that resumes bit for bit, and the check's language-model fields."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rift_ada.data import build_tasks, load_corpus
+from rift_ada.testbed.check import code_scores, code_windows, run_check
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+
+
+def build(out, work, *extra, wait=True):
+    cmd = [sys.executable, str(ROOT / "experiments" / "build_testbed.py"), "--quick", "--no-check", "--threads", "1",
+           "--output-dir", str(out), "--work-dir", str(work), *extra]
+    if not wait:
+        return subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    res = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res
+
+
+def digests(folder):
+    return {role: hashlib.sha256((Path(folder) / role / "model.safetensors").read_bytes()).hexdigest()
+            for role in ("target", "draft")}
+
+
+@pytest.mark.slow
+def test_build_resumes_bit_for_bit(tmp_path):
+    build(tmp_path / "a", tmp_path / "wa")
+    reference = digests(tmp_path / "a")
+    log = json.loads((tmp_path / "a" / "training_log.json").read_text())
+    assert log["initialisation"].startswith("random") and len(log["stage_seconds"]) == len(log["recipe"])
+
+    # Stopped at a stage boundary, then resumed.
+    build(tmp_path / "b", tmp_path / "wb", "--stop-after-stage", "0")
+    assert not (tmp_path / "b" / "target").exists() and (tmp_path / "wb" / "stage-0" / "done.json").is_file()
+    build(tmp_path / "b", tmp_path / "wb", "--resume")
+    assert digests(tmp_path / "b") == reference
+
+    # Killed in the middle of a stage (a checkpoint after every step), then resumed.
+    work = tmp_path / "wc"
+    proc = build(tmp_path / "c", work, "--checkpoint-minutes", "0", wait=False)
+    deadline = time.time() + 300
+    while not ((work / "stage-0" / "done.json").is_file() and (work / "checkpoint.pt").is_file()):
+        assert proc.poll() is None and time.time() < deadline, "the build ended before it could be interrupted"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "c" / "target").exists()
+    build(tmp_path / "c", work, "--resume")
+    assert digests(tmp_path / "c") == reference
+
+
+def test_build_refuses_to_overwrite_a_build_without_resume(tmp_path):
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "checkpoint.pt").write_bytes(b"")
+    cmd = [sys.executable, str(ROOT / "experiments" / "build_testbed.py"), "--quick", "--no-check",
+           "--output-dir", str(tmp_path / "o"), "--work-dir", str(tmp_path / "w")]
+    res = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 2 and "--resume" in res.stderr.strip().splitlines()[-1]
+
+
+def test_code_scores_are_teacher_forced_top1_and_nll(tokenizer, testbed_target, testbed_draft):
+    windows = code_windows(tokenizer, load_corpus(split="eval"), n=2, length=256)
+    assert [len(w) for w in windows] == [257, 257]
+    assert windows == code_windows(tokenizer, load_corpus(split="eval"), n=2, length=256)
+    s = code_scores(testbed_target, windows)
+    # A uniform model scores ln(1024) = 6.93 nats and 1/1024 top-1; both are computed from the logits.
+    import torch
+
+    ids = torch.tensor(windows[0])
+    with torch.no_grad():
+        logits = testbed_target(input_ids=ids[None, :-1]).logits[0]
+    top1 = (logits.argmax(-1) == ids[1:]).float().mean().item()
+    nll = torch.nn.functional.cross_entropy(logits, ids[1:]).item()
+    one = code_scores(testbed_target, windows[:1])
+    assert one["top1"] == pytest.approx(top1) and one["nll"] == pytest.approx(nll, rel=1e-5)
+    assert 0 <= s["top1"] <= 1 and s["nll"] > 0
+    assert code_scores(testbed_draft, windows) != s
+
+
+def test_check_reports_family_and_code_fields(tokenizer, testbed_target, testbed_draft):
+    low = build_tasks(tokenizer, "low", n=1, input_tokens=1024, seed=1)
+    high = build_tasks(tokenizer, "high", n=1, input_tokens=1024, seed=1)
+    sort = build_tasks(tokenizer, "sort", n=1, input_tokens=1024, seed=1)
+    windows = code_windows(tokenizer, load_corpus(split="eval"), n=1, length=128)
+    res = run_check(testbed_target, testbed_draft, tokenizer, low, new_tokens=16, progress=False, high_tasks=high,
+                    sort_tasks=sort, code_windows=windows)
+    for key in ("draft_agreement_high", "target_sort_accuracy", "target_code_top1", "target_code_nll",
+                "draft_code_top1"):
+        assert key in res
+    # Each field is what its definition computes on the same inputs.
+    alone = run_check(testbed_target, testbed_draft, tokenizer, high, new_tokens=16, progress=False)
+    assert res["draft_agreement_high"] == alone["draft_agreement"]
+    sort_alone = run_check(testbed_target, testbed_draft, tokenizer, sort, new_tokens=16, progress=False)
+    assert res["target_sort_accuracy"] == sort_alone["target_copy_accuracy"]
+    assert res["target_code_top1"] == code_scores(testbed_target, windows)["top1"]

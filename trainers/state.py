@@ -1,0 +1,100 @@
+"""Resumable jobs: finished units of work persisted as small files under ``<output-dir>/state``.
+
+A unit (one prompt's counterfactual data, one PPO run, one sweep point, ...) is deterministic given its inputs, so a
+resumed job that loads finished units and recomputes the rest ends exactly where an uninterrupted job does. Every
+file is written to a temporary name and moved into place (``os.replace`` is atomic), so a kill leaves either the
+whole file or none; a unit that was interrupted is simply redone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+STATE = "state"
+
+
+def atomic_write(path: str | Path, write) -> Path:
+    """``write(tmp_path)``, then move the result to ``path`` in one step."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")  # same folder (os.replace stays atomic), same suffix
+    write(tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def write_json(path: str | Path, payload) -> Path:
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(payload, indent=1)))
+
+
+def config_of(args, ignore=()) -> dict:
+    """The settings that define a run's results, as JSON would store them (tuples become lists)."""
+    return json.loads(json.dumps({k: v for k, v in sorted(vars(args).items()) if k not in ignore}))
+
+
+class RunState:
+    """The finished units of one job, in ``folder`` (``<output-dir>/state``)."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def path(self, name: str) -> Path:
+        return self.folder / name
+
+    def has(self, name: str) -> bool:
+        return (self.folder / f"{name}.json").is_file()
+
+    def unit(self, name: str, compute, key=None) -> dict:
+        """The result of unit ``name``: loaded when finished before (with the same ``key``, if given), otherwise
+        ``compute()`` (a JSON-able dict), timed and stored. Both paths return the stored JSON, so an uninterrupted
+        and a resumed job go on with bit-identical values."""
+        path = self.folder / f"{name}.json"
+        if path.is_file():
+            stored = json.loads(path.read_text())
+            if key is None or stored.get("key") == json.loads(json.dumps(key)):
+                return stored
+        t0 = time.time()
+        result = {**compute(), "seconds": time.time() - t0}
+        if key is not None:
+            result["key"] = key
+        write_json(path, result)
+        return json.loads(path.read_text())
+
+    def started(self) -> bool:
+        """Whether any work is stored (a config.json alone is a start that failed before doing any)."""
+        return any(p.name != "config.json" for p in self.folder.iterdir())
+
+    def check_config(self, config: dict, hint: str) -> None:
+        """Store ``config`` for a run that has not started; refuse (ValueError, one line) to continue a started run
+        made with other settings."""
+        path = self.folder / "config.json"
+        if not self.started() or not path.is_file():
+            write_json(path, config)
+            return
+        old = json.loads(path.read_text())
+        diff = [f"--{k.replace('_', '-')} {old.get(k)!r} -> {config.get(k)!r}" for k in sorted(set(old) | set(config))
+                if old.get(k) != config.get(k)]
+        if diff:
+            raise ValueError(f"{self.folder.parent} holds a run made with other settings ({'; '.join(diff)}); {hint}")
+
+
+def open_state(out: Path, config: dict, resume: bool, overwrite: bool, outputs=()) -> RunState:
+    """The state of the job writing to ``out``. A folder holding a previous run is refused unless ``resume`` (continue
+    it; its settings must equal ``config``) or ``overwrite`` (delete its state and ``outputs``, keep W&B logs).
+    Raises ValueError with a one-line message."""
+    state = RunState(out / STATE)
+    if overwrite:
+        shutil.rmtree(state.folder)
+        for o in outputs:
+            (out / o).unlink(missing_ok=True)
+        state = RunState(out / STATE)
+    elif not resume and (state.started() or any((out / o).exists() for o in outputs)):
+        raise ValueError(f"{out} holds a previous run: pass --resume to continue it, --overwrite to start over, or "
+                         "choose another --output-dir")
+    state.check_config(config, "resume with the same options, or pass --overwrite or another --output-dir")
+    return state

@@ -1,14 +1,8 @@
-"""Refresh controllers: decide from the signal vector when a RIFT cache rescores its history.
-
-Never / periodic / threshold rules, a logistic model and a PPO policy share one protocol (``base.Controller``);
-``load_controller`` reads any saved one without scikit-learn or stable-baselines3.
+"""Refresh controllers that learn, above the core: fitting code that needs scikit-learn (and, in
+``rift_ada.trainers``, stable-baselines3). What they produce are ``rift_ada.refresh`` controllers, which decide,
+save and load with neither library.
 """
 
-from .base import Controller
-from .export import load_controller
-from .logistic import LogisticController
-from .ppo import PPOController
-from .rules import NeverController, PeriodicController, ThresholdController
+from .logistic import fit_logistic
 
-__all__ = ["Controller", "LogisticController", "NeverController", "PPOController", "PeriodicController",
-           "ThresholdController", "load_controller"]
+__all__ = ["fit_logistic"]

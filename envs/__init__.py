@@ -9,6 +9,6 @@ from .refresh_env import RefreshEnv
 
 ENV_ID = "rift_ada/Refresh-v0"
 if ENV_ID not in gym.registry:
-    gym.register(id=ENV_ID, entry_point="envs.refresh_env:RefreshEnv")
+    gym.register(id=ENV_ID, entry_point="rift_ada.envs.refresh_env:RefreshEnv")
 
 __all__ = ["ENV_ID", "RefreshEnv"]

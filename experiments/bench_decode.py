@@ -19,7 +19,8 @@ import time
 
 import torch
 
-from rift_ada.cli import ArgumentParser, add_runtime_options, apply_runtime, check_output, fail, require_positive
+from rift_ada.cli import (ArgumentParser, add_runtime_options, apply_runtime, check_output, fail, require_positive,
+                          write_output)
 
 
 def timed(fn):
@@ -57,9 +58,10 @@ def main(argv=None) -> int:
     from rift_ada.data import build_tasks, encode
     from rift_ada.metrics import acceptance_length
     from rift_ada.models import load_pair
-    from rift_ada.policies import CachePolicy
+    from rift_ada.layout import CacheLayout
+    from rift_ada.models import greedy_reference
+    from rift_ada.refresh import PeriodicController
     from rift_ada.speculative import SpeculativeDecoder
-    from rift_ada.testbed.check import greedy_continuation
 
     try:
         pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype)
@@ -73,9 +75,8 @@ def main(argv=None) -> int:
         tasks = build_tasks(pair.tokenizer, "low", n=args.prompts, input_tokens=length, seed=0)
         prompts = [encode(pair.tokenizer, t.prompt) for t in tasks]
         row = {"input_tokens": length}
-        for name in ("full", "rift-stat"):
-            pol = CachePolicy(name, budget=None if name == "full" else args.budget)
-            dec = SpeculativeDecoder(pair.target, pair.draft, pol, args.draft_length, eos_token_id=eos)
+        for name, layout in (("full", CacheLayout("full")), ("rift-stat", CacheLayout("rift", args.budget, store=False))):
+            dec = SpeculativeDecoder(pair.target, pair.draft, layout, args.draft_length, eos_token_id=eos)
             res = [dec.generate(ids, args.max_new_tokens) for ids in prompts]
             rounds = [r for x in res for r in x.rounds]
             steps = sum(r.draft_length for r in rounds)
@@ -88,11 +89,11 @@ def main(argv=None) -> int:
         # End-to-end, same tokens: rift-ada's loop with a full draft cache (HF's setting) and with rift-dyn, HF
         # assisted generation, plain greedy decoding.
         ours = {}
-        for label, pol in (("rift_ada_full", CachePolicy("full")),
-                           ("rift_ada_dyn", CachePolicy("rift-dyn", budget=args.budget, period=args.period))):
-            dec = SpeculativeDecoder(pair.target, pair.draft, pol, args.draft_length, eos_token_id=eos)
-            ours[label] = timed(lambda: [dec.generate(ids, args.max_new_tokens).tokens for ids in prompts])
-        plain, t_plain = timed(lambda: [greedy_continuation(pair.target, ids, args.max_new_tokens, eos)
+        for label, layout, ctrl in (("rift_ada_full", CacheLayout("full"), None),
+                                    ("rift_ada_dyn", CacheLayout("rift", args.budget), PeriodicController(args.period))):
+            dec = SpeculativeDecoder(pair.target, pair.draft, layout, args.draft_length, eos_token_id=eos)
+            ours[label] = timed(lambda: [dec.generate(ids, args.max_new_tokens, ctrl).tokens for ids in prompts])
+        plain, t_plain = timed(lambda: [greedy_reference(pair.target, ids, args.max_new_tokens, eos)
                                         for ids in prompts])
 
         def hf_assisted():
@@ -115,9 +116,7 @@ def main(argv=None) -> int:
         print(json.dumps(row), file=sys.stderr)
 
     print(json.dumps(report, indent=1))
-    if args.output:
-        with open(args.output, "w") as fh:
-            json.dump(report, fh, indent=1)
+    write_output(args.output, report)
     return 0
 
 

@@ -48,12 +48,15 @@ def recipe(quick: bool = False) -> list[Stage]:
         return [Stage(steps=4, length=256, batch=2, lr=(1e-3, 1e-3), warmup=2, mix={"repeat": 0.5, "code": 0.5}),
                 Stage(steps=6, length=512, batch=2, lr=(1e-3, 1e-4), mix=mix)]
     return [
-        # Induction first: dense repeats break the plateau within minutes (shared/notes/TESTBED.md).
+        # Warm-up: plain code and dense repeats.
         Stage(steps=600, length=256, batch=32, lr=(1e-3, 1e-3), warmup=200, mix={"repeat": 0.6, "code": 0.4}),
-        # Most of the language model, with every task format. Repeats stay dense: after stage 0 (2.9M repeat
-        # tokens) induction had not formed yet (repeat loss 6.1 of 6.93), and it needs ~5-7M (TESTBED.md).
+        # Induction before anything else: with 60% repeats stage 0 brought the repeat loss only to 6.1 (of 6.93) and
+        # mixed batches kept it there. Pure dense repeats form it (shared/notes/TESTBED.md): the stage ends once
+        # both models are below 1 nat on the repeats.
+        Stage(steps=1200, length=256, batch=32, lr=(1e-3, 1e-3), warmup=20, mix={"repeat": 1.0}, stop_below=1.0),
+        # Most of the language model, with every task format.
         Stage(steps=1700, length=512, batch=16, lr=(1e-3, 1e-3), warmup=20,
-              mix={"code": 0.35, "repeat": 0.3, "low": 0.12, "mixed": 0.08, "high": 0.03, "sort": 0.12}),
+              mix={"code": 0.45, "repeat": 0.15, "low": 0.12, "mixed": 0.08, "high": 0.05, "sort": 0.15}),
         # Longer contexts: retrieval from further back, as the 1K-4K prompts need.
         Stage(steps=700, length=1024, batch=8, lr=(1e-3, 6e-4), warmup=20, mix={"code": 0.35, "repeat": 0.1, **TASK_MIX}),
         Stage(steps=450, length=2048, batch=4, lr=(6e-4, 3e-4), warmup=20, mix={"code": 0.35, "repeat": 0.1, **TASK_MIX}),

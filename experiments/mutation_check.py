@@ -32,7 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 IGNORE = shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".benchmarks", "runs",
                                 "wandb", "*.pyc")
-PACKAGES = ("rift_ada", "controllers", "envs", "trainers", "tests.conftest")
+PACKAGES = ("rift_ada", "rift_ada.controllers", "rift_ada.envs", "rift_ada.trainers", "tests.conftest")
+MAPPED = ("controllers", "envs", "trainers")  # installed as rift_ada.<name> (pyproject package-dir)
 
 SAMPLING = ["tests/test_sampling.py::test_joint_distribution_of_sequences_matches_target"]
 TOP_P = ["tests/test_sampling.py::test_joint_distribution_of_sequences_matches_target[rift-dyn-top_p=0.8]"]
@@ -79,20 +80,19 @@ MUTATIONS = [
              [("rift_ada/speculative.py", "p = self._probs(t_logits[i])",
                "p = torch.softmax(t_logits[i].float() / self.temperature, -1)")], TOP_P),
     Mutation("rollback-keeps-rejected", "the draft cache keeps one rejected token after a rollback",
-             [("rift_ada/speculative.py", "self.dcache.crop(-(fed_drafts - n))",
-               "self.dcache.crop(-max(fed_drafts - n - 1, 0))")],
+             [("rift_ada/speculative.py", "self.dcache.rollback(fed_drafts - n)",
+               "self.dcache.rollback(max(fed_drafts - n - 1, 0))")],
              ["tests/test_speculative.py::test_rollback_leaves_caches_as_if_never_fed"]),
     Mutation("refresh-ignores-generated", "a refresh rescores only the prompt part of the backing store",
              [("rift_ada/cache.py", "        self.query_pos: torch.Tensor | None = None  # (nq,)\n",
                "        self.query_pos: torch.Tensor | None = None  # (nq,)\n        self.prompt_length = None\n"),
               ("rift_ada/cache.py",
-               "        pos = select_importance(scorer, history_k, L, n_imp, tail_keep, self.queries, self.query_pos, "
-               "obs_window)\n",
+               "        pos = select_importance(scorer, history_k, L, n_imp, tail_keep, *self.observation())\n",
                "        if self.prompt_length is None:  # the first selection (after prefill) sees the prompt\n"
                "            self.prompt_length = L\n"
                "        P = min(self.prompt_length, L)\n"
                "        pos = select_importance(scorer, history_k, P, n_imp, max(tail_keep - (L - P), 0),\n"
-               "                                self.queries, self.query_pos, obs_window)\n")],
+               "                                *self.observation())\n")],
              ["tests/test_cache.py::test_per_head_selection_and_refresh_reaches_generated_tokens",
               "tests/test_regression.py::test_pinned_acceptance_length[self/rift-dyn]"]),
 ]
@@ -100,6 +100,8 @@ MUTATIONS = [
 
 def copy_tree(dest: Path) -> Path:
     shutil.copytree(ROOT, dest, ignore=IGNORE)
+    for name in MAPPED:  # where the import system finds rift_ada.<name> in the copy before the editable install
+        shutil.copytree(dest / name, dest / "rift_ada" / name)
     return dest
 
 

@@ -2,33 +2,31 @@
 
     python experiments/policy_table.py            # testbed, 2K-token low-entropy prompts, budget 512, k = 11, greedy
 
-Each cell is ``python -m rift_ada.evaluate`` with the same options (see ``--help`` there); the table is printed as
-markdown and written with every number to --output (JSON).
+Each pair is loaded once and every cell is ``rift_ada.evaluate.evaluate`` on the same prompts (the numbers
+``python -m rift_ada.evaluate`` prints for the same options); the table is printed as markdown and written with
+every number to --output (JSON).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from rift_ada.cli import ArgumentParser, add_runtime_options, apply_runtime, check_output, fail
-from rift_ada.evaluate import build_parser, run
+from rift_ada.cli import (ArgumentParser, add_cache_options, add_decoding_options, add_runtime_options,
+                          add_task_options, apply_runtime, check_output, fail, policy_from_args, tasks_from_args,
+                          write_output)
 
-POLICIES = [("full", []), ("window", []), ("snapkv", []), ("rift-stat", []), ("rift-dyn", ["--period", "32"])]
+POLICIES = ("full", "window", "snapkv", "rift-stat", "rift-dyn")
 
 
 def main(argv=None) -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="testbed")
     p.add_argument("--drafters", nargs="+", default=["self", "testbed"], help="'self', 'testbed' or draft folders")
-    p.add_argument("--budget", type=int, default=512)
+    add_cache_options(p, policy=None)
     p.add_argument("--period", type=int, default=32, help="rift-dyn refresh period")
-    p.add_argument("--prompts", type=int, default=8)
-    p.add_argument("--input-tokens", type=int, default=2048)
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--task", default="low")
-    p.add_argument("--lookahead", type=int, default=64, help="snapkv scores extended forward (0 = plain SnapKV)")
+    add_decoding_options(p)
+    add_task_options(p, prompts=8, input_tokens=2048, task="low")
     p.add_argument("--output", default=None, help="also write every number here (JSON)")
     add_runtime_options(p)
     args = p.parse_args(argv)
@@ -36,22 +34,24 @@ def main(argv=None) -> int:
     try:
         apply_runtime(args)
         check_output(args.output)
-        runtime = ["--device", args.device, "--threads", str(args.threads)]
-        if args.dtype:
-            runtime += ["--dtype", args.dtype]
+        policies = {name: policy_from_args(args, name, period=args.period if name == "rift-dyn" else None)
+                    for name in POLICIES}
+        from rift_ada.data import encode_prompts
+        from rift_ada.evaluate import evaluate
+        from rift_ada.models import load_pair
+        from rift_ada.speculative import SpeculativeDecoder
+
         for drafter in args.drafters:
-            for name, extra in POLICIES:
-                if name == "rift-dyn":
-                    extra = ["--period", str(args.period)]
-                ev = build_parser().parse_args(
-                    ["--target", args.target, "--drafter", drafter, "--policy", name, "--budget", str(args.budget),
-                     "--prompts", str(args.prompts), "--input-tokens", str(args.input_tokens),
-                     "--max-new-tokens", str(args.max_new_tokens), "--task", args.task,
-                     "--lookahead", str(args.lookahead), "--json", *runtime, *extra])
-                res = run(ev)
-                res["drafter"] = drafter
-                rows.append(res)
-                print(f"{drafter:>8} {name:>10}: AL {res['acceptance_length']:.3f}", file=sys.stderr)
+            pair = load_pair(args.target, drafter, device=args.device, dtype=args.dtype)
+            prompts = encode_prompts(pair.tokenizer, tasks_from_args(args, pair.tokenizer))
+            for name, policy in policies.items():
+                dec = SpeculativeDecoder(pair.target, None if pair.self_speculative else pair.draft, policy.layout,
+                                         args.draft_length, temperature=args.temperature, top_p=args.top_p,
+                                         eos_token_id=pair.tokenizer.eos_token_id, seed=args.seed)
+                ev = evaluate(dec, prompts, policy.controller, args.max_new_tokens,
+                              greedy_check=args.temperature == 0, progress=f"{drafter} {name}")
+                rows.append({"drafter": drafter, "policy": name, "budget": policy.layout.budget, **ev.summary})
+                print(f"{drafter:>8} {name:>10}: AL {ev.summary['acceptance_length']:.3f}", file=sys.stderr)
     except (ValueError, FileNotFoundError, RuntimeError) as e:  # ModelLoadError is a RuntimeError
         return fail(e)
     lines = ["| drafter | policy | AL | % of full | AL by quarter | refreshes | peak draft KV | greedy match |",
@@ -59,13 +59,12 @@ def main(argv=None) -> int:
     for r in rows:
         full = next(x for x in rows if x["drafter"] == r["drafter"] and x["policy"] == "full")
         q = " / ".join("-" if v is None else f"{v:.2f}" for v in r["acceptance_length_by_quarter"])
+        match = "-" if r["target_greedy_match"] is None else f"{r['target_greedy_match']:.2f}"
         lines.append(f"| {r['drafter']} | {r['policy']} | {r['acceptance_length']:.3f} | "
                      f"{100 * r['acceptance_length'] / full['acceptance_length']:.1f}% | {q} | {r['refreshes']} | "
-                     f"{r['draft_active_kv_bytes'] / 1024:.0f} KiB | {r['target_greedy_match']:.2f} |")
+                     f"{r['draft_active_kv_bytes'] / 1024:.0f} KiB | {match} |")
     print("\n".join(lines))
-    if args.output:
-        with open(args.output, "w") as fh:
-            json.dump(rows, fh, indent=1)
+    write_output(args.output, rows)
     return 0
 
 

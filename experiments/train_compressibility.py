@@ -31,16 +31,14 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from rift_ada.cli import fail, require_positive
-from rift_ada.metrics import summarize
+from rift_ada.cli import ArgumentParser, add_model_options, add_runtime_options, apply_runtime, fail, require_positive
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    m = p.add_argument_group("models and data")
-    m.add_argument("--target", default="testbed")
-    m.add_argument("--drafter", default="testbed", help="'testbed' (external draft), 'self', or a folder / hub id")
-    m.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_options(p, drafter="testbed")
+    add_runtime_options(p)
+    m = p.add_argument_group("data")
     m.add_argument("--train-prompts", type=int, default=32)
     m.add_argument("--input-tokens", type=int, default=2048, help="prompt length of training and eval prompts")
     m.add_argument("--continuation-tokens", type=int, default=128, help="target tokens per training sample")
@@ -73,8 +71,6 @@ def parse_args(argv=None):
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--wandb-project", default="rift-ada")
     o.add_argument("--wandb-mode", default="offline", choices=["offline", "online", "disabled"])
-    o.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1: tiny models at batch 1 run fastest on one thread)")
     args = p.parse_args(argv)
     if not 0 < args.ratio_min <= args.ratio_max <= 1:
         p.error(f"the compression ratio range must satisfy 0 < --ratio-min <= --ratio-max <= 1, got "
@@ -94,13 +90,16 @@ EVAL_OPTIONS = ("eval_prompts", "eval_new_tokens", "budgets", "temperatures", "d
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    try:
+        apply_runtime(args)
+    except ValueError as e:
+        return fail(e)
     from rift_ada import lora
     from rift_ada.data import build_tasks, encode_prompts
     from rift_ada.models import load_pair
-    from trainers import compressibility as C
-    from trainers.state import RunState, config_of, write_json
-    from trainers.wandb_logging import ResumableRun
+    from rift_ada.trainers import compressibility as C
+    from rift_ada.trainers.state import RunState, config_of, write_json
+    from rift_ada.trainers.wandb_logging import ResumableRun
 
     out = Path(args.output_dir)
     if args.no_resume:
@@ -112,7 +111,7 @@ def main(argv=None) -> int:
     try:
         if not args.build_targets_only:  # targets alone fix no training settings
             state.check_config(config, "pass --no-resume to start over with these settings, or another --output-dir")
-        pair = load_pair(args.target, args.drafter, device=args.device)
+        pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype)
         enc = lambda tasks: encode_prompts(pair.tokenizer, tasks)  # noqa: E731
         targets = Path(args.targets) if args.targets else out / "targets"
         if not (targets / "meta.json").is_file():
@@ -189,7 +188,8 @@ def wandb_table(columns, data):
 
 
 def evaluate_table(pair, base, student, eval_ids, args, state) -> list[dict]:
-    from rift_ada.policies import CachePolicy
+    from rift_ada.evaluate import evaluate
+    from rift_ada.policies import make_policy
     from rift_ada.speculative import SpeculativeDecoder
 
     n_input = sum(len(x) for x in eval_ids) / len(eval_ids)
@@ -198,14 +198,13 @@ def evaluate_table(pair, base, student, eval_ids, args, state) -> list[dict]:
 
     def row(temp, pol_name, frac):
         budget = None if frac is None else max(2, round(frac * n_input))
-        policy = CachePolicy(pol_name, budget=budget, period=args.period if pol_name == "rift-dyn" else None)
+        policy = make_policy(pol_name, budget=budget, period=args.period if pol_name == "rift-dyn" else None)
         al = {}
         for label, drafter in (("untrained", base), ("trained", student)):
             draft = None if (drafter is pair.target) else drafter
-            dec = SpeculativeDecoder(pair.target, draft, policy, args.draft_length, temperature=temp,
+            dec = SpeculativeDecoder(pair.target, draft, policy.layout, args.draft_length, temperature=temp,
                                      eos_token_id=pair.tokenizer.eos_token_id, seed=args.seed)
-            al[label] = summarize([dec.generate(ids, args.eval_new_tokens) for ids in eval_ids],
-                                  args.eval_new_tokens)["acceptance_length"]
+            al[label] = evaluate(dec, eval_ids, policy.controller, args.eval_new_tokens).summary["acceptance_length"]
         return {"temperature": temp, "policy": pol_name, "budget_fraction": frac, "budget": budget,
                 "al_untrained": al["untrained"], "al_trained": al["trained"],
                 "relative_change": al["trained"] / al["untrained"] - 1}

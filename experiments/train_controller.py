@@ -33,33 +33,27 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
-from controllers import LogisticController, NeverController, PeriodicController, ThresholdController
 from rift_ada import signals
-from rift_ada.cli import fail, require_positive
-from rift_ada.metrics import summarize
-from rift_ada.signals import decider
+from rift_ada.cli import (ArgumentParser, add_cache_options, add_decoding_options, add_model_options,
+                          add_runtime_options, apply_runtime, fail, policy_from_args, require_positive)
+from rift_ada.refresh import LogisticController, NeverController, PeriodicController, ThresholdController
 from rift_ada.tradeoff import matched_comparison
-from trainers.state import atomic_write, config_of, open_state, write_json
+from rift_ada.trainers.state import atomic_write, config_of, open_state, write_json
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    m = p.add_argument_group("models and task")
-    m.add_argument("--target", default="testbed", help="'testbed', a local HF folder or a hub id")
-    m.add_argument("--drafter", default="self", help="'self', 'testbed' or a draft folder / hub id")
-    m.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    m.add_argument("--budget", type=int, default=512, help="draft KV budget in tokens (default 25%% of 2K input)")
-    m.add_argument("--window-fraction", type=float, default=0.5)
-    m.add_argument("--scorer", default="snapkv")
-    m.add_argument("--draft-length", type=int, default=11)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_options(p)
+    add_cache_options(p, policy=None)  # a RIFT layout; the controllers are what is learned
+    add_decoding_options(p)
+    add_runtime_options(p)
+    m = p.add_argument_group("task")
     m.add_argument("--task", default="low,high",
                    help="task family: low, mixed, high, or a comma-separated mix (e.g. low,high: the controller must "
                         "learn where a refresh pays off)")
     m.add_argument("--input-tokens", type=int, default=2048)
-    m.add_argument("--max-new-tokens", type=int, default=256)
     m.add_argument("--train-prompts", type=int, default=8, help="prompts for counterfactual data and PPO")
     m.add_argument("--eval-prompts", type=int, default=6, help="held-out prompts for the tradeoff curves")
     t = p.add_argument_group("training")
@@ -81,8 +75,6 @@ def parse_args(argv=None):
     o.add_argument("--output-dir", default="runs/controller")
     o.add_argument("--wandb-project", default="rift-ada")
     o.add_argument("--wandb-mode", default="offline", choices=["offline", "online", "disabled"])
-    o.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1: tiny models at batch 1 run fastest on one thread)")
     r = o.add_mutually_exclusive_group()
     r.add_argument("--resume", action="store_true",
                    help="continue the run in --output-dir from its last finished unit (same options required)")
@@ -105,11 +97,12 @@ SESSION_OPTIONS = ("output_dir", "resume", "overwrite", "threads", "wandb_projec
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
     out = Path(args.output_dir)
     t_start = time.time()
     config = config_of(args, SESSION_OPTIONS)
-    try:  # before anything slow: a refused --output-dir costs nothing
+    try:  # before anything slow: a refused option or --output-dir costs nothing
+        apply_runtime(args)
+        layout = policy_from_args(args, "rift-ada", controller="never").layout
         state = open_state(out, config, args.resume, args.overwrite, RESULT_FILES)
     except ValueError as e:
         return fail(e)
@@ -117,19 +110,20 @@ def main(argv=None) -> int:
         print(f"{out} holds a finished run; nothing to resume (results: {out / 'tradeoff.csv'})")
         return 0
 
-    from controllers import PPOController
-    from envs import RefreshEnv
+    from rift_ada.controllers import fit_logistic
     from rift_ada.data import encode_prompts
+    from rift_ada.envs import RefreshEnv
+    from rift_ada.evaluate import evaluate
+    from rift_ada.layout import CacheLayout
     from rift_ada.models import load_pair
-    from rift_ada.policies import CachePolicy
+    from rift_ada.refresh import PPOController
     from rift_ada.speculative import SpeculativeDecoder
-    from trainers import counterfactual
-    from trainers.ppo import export_ppo, train_ppo
-    from trainers.wandb_logging import ResumableRun, sb3_logger
+    from rift_ada.trainers import counterfactual
+    from rift_ada.trainers.ppo import export_ppo, train_ppo
+    from rift_ada.trainers.wandb_logging import ResumableRun, sb3_logger
 
     try:
-        pair = load_pair(args.target, args.drafter, device=args.device)
-        policy = CachePolicy("rift-ada", budget=args.budget, window_fraction=args.window_fraction, scorer=args.scorer)
+        pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype)
         enc = lambda tasks: encode_prompts(pair.tokenizer, tasks)  # noqa: E731
         bar = tqdm(total=2 * len(families(args.task)), desc="building prompts")
         train_tasks = mixed_tasks(pair.tokenizer, args.task, args.train_prompts, args.input_tokens, args.seed + 1,
@@ -141,8 +135,9 @@ def main(argv=None) -> int:
         return fail(e)
     train_ids, eval_ids = enc(train_tasks), enc(eval_tasks)
     draft = None if pair.self_speculative else pair.draft
-    make_decoder = lambda pol=policy: SpeculativeDecoder(pair.target, draft, pol, args.draft_length,  # noqa: E731
-                                                         eos_token_id=pair.tokenizer.eos_token_id, seed=args.seed)
+    def make_decoder(lay=layout, seed=args.seed):  # one decoder per env or sweep; all share the loaded models
+        return SpeculativeDecoder(pair.target, draft, lay, args.draft_length, temperature=args.temperature,
+                                  top_p=args.top_p, eos_token_id=pair.tokenizer.eos_token_id, seed=seed)
     sweep = sweep_units(args)
     done = [sum(state.has(n) for n in names) for names in (
         [f"counterfactual-{i:03d}" for i in range(len(train_ids))], [f"ppo-lam{x:g}" for x in args.lams],
@@ -177,26 +172,23 @@ def main(argv=None) -> int:
           f"({sum(p['seconds'] for p in parts):.0f} s)", file=sys.stderr)
 
     # 2. Logistic (one unit) and PPO (one unit per lambda) -----------------------------------------------------------
-    def fit_logistic():
+    def logistic_unit():
         run.log({f"data/{k}": v for k, v in data_stats.items()})
         if len(np.unique(labels)) < 2:
             return {"weights": None}
-        fit = LogisticController.fit(data.X, labels, seed=args.seed)
+        fit = fit_logistic(data.X, labels, seed=args.seed)
         accuracy = float(((fit.sklearn_model.predict_proba(data.X)[:, 1] > 0.5) == labels).mean())
         run.log({"logistic/train_accuracy": accuracy})
         return {"weights": fit.weights.tolist(), "bias": fit.bias, "train_accuracy": accuracy}
 
-    fit = state.unit("logistic", fit_logistic)
+    fit = state.unit("logistic", logistic_unit)
     if fit["weights"] is None:
         print("warning: every counterfactual label is the same; skipping the logistic controller (collect more "
               "states with --train-prompts / --label-every, or change --label-margin)", file=sys.stderr)
 
     def ppo(lam, name):
-        env_fns = [lambda i=i: RefreshEnv(tasks=train_tasks, pair=pair, budget=args.budget,
-                                          window_fraction=args.window_fraction, scorer=args.scorer,
-                                          draft_length=args.draft_length, max_new_tokens=args.max_new_tokens, lam=lam,
-                                          refresh_cost=args.refresh_cost, decoder_seed=i)
-                   for i in range(2)]
+        env_fns = [lambda i=i: RefreshEnv(make_decoder(seed=i), train_ids, args.max_new_tokens, lam=lam,
+                                          refresh_cost=args.refresh_cost) for i in range(2)]
         prefix = f"ppo_lam{lam:g}"
         run.define_metric(f"{prefix}/*", step_metric=f"{prefix}/timesteps")
         model, venv = train_ppo(env_fns, args.ppo_timesteps, seed=args.seed, logger=sb3_logger(run.log, prefix),
@@ -214,8 +206,8 @@ def main(argv=None) -> int:
     dec = make_decoder()
 
     def sweep_point(family, ctrl):
-        d, decide = (make_decoder(CachePolicy("full")), None) if family == "full" else (dec, decider(ctrl))
-        res = summarize([d.generate(ids, args.max_new_tokens, decide) for ids in eval_ids], args.max_new_tokens)
+        res = evaluate(make_decoder(CacheLayout("full")) if family == "full" else dec, eval_ids, ctrl,
+                       args.max_new_tokens).summary
         return {"acceptance_length": res["acceptance_length"], "refreshes_per_1k": res["refreshes_per_1k_tokens"],
                 "refreshes": res["refreshes"]}
 

@@ -11,8 +11,11 @@ How it meets transformers 5.24's Cache contract (see shared/notes/BACKGROUND.md)
   rotation and callers always pass logical ``position_ids``.
 - ``get_mask_sizes(q) = (n_active + q, L - n_active)``: every stored entry is visible to every new query, and new
   queries are causal among themselves. ``update`` returns exactly those ``n_active + q`` entries.
-- ``crop(-n)`` trims the physical tail. Eviction is lazy (``compact()``, called by the decoder after a round's
-  rollback), so a rollback never has to restore an evicted token.
+- ``crop(-n)`` trims the physical tail. Eviction is lazy: ``rollback(n)``, once per round, drops the round's n
+  rejected tokens and only then evicts beyond the window, so a rollback never has to restore an evicted token.
+
+One object owns the observation window: each layer keeps its recent post-RoPE queries, and ``observation()`` is the
+only place that slices the last ``obs_window`` of them (scoring and query drift both read it).
 """
 
 from __future__ import annotations
@@ -22,19 +25,21 @@ import copy
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .policies import CachePolicy
-from .selection import gather_positions, select_importance
+from .layout import CacheLayout
+from .selection import gather_positions, observation_window, select_importance
 
 
 class RiftLayer(CacheLayerMixin):
     is_croppable = True
     is_sliding = False
 
-    def __init__(self, keep_store: bool, store_device: str | torch.device | None, query_capacity: int):
+    def __init__(self, keep_store: bool, store_device: str | torch.device | None, obs_window: int,
+                 extra_queries: int = 64):
         super().__init__()
         self.keep_store = keep_store
         self.store_device = store_device
-        self.query_capacity = query_capacity
+        self.obs_window = obs_window
+        self.query_capacity = obs_window + extra_queries
         self.length = 0  # absolute tokens seen (logical length)
         self.n_imp = 0
         self.imp_pos: torch.Tensor | None = None  # (b, kv_heads, n_imp) absolute positions
@@ -93,7 +98,7 @@ class RiftLayer(CacheLayerMixin):
             self.queries, self.query_pos = self.queries[:, :, keep], self.query_pos[keep]
 
     def reset(self) -> None:
-        self.__init__(self.keep_store, self.store_device, self.query_capacity)
+        self.__init__(self.keep_store, self.store_device, self.obs_window, self.query_capacity - self.obs_window)
 
     # --- RIFT ------------------------------------------------------------------------------------------------------
     @property
@@ -135,14 +140,18 @@ class RiftLayer(CacheLayerMixin):
             self.keys = torch.cat([self.keys[:, :, :i], self.keys[:, :, i + drop:]], dim=-2)
             self.values = torch.cat([self.values[:, :, :i], self.values[:, :, i + drop:]], dim=-2)
 
-    def reselect(self, scorer, n_imp: int, tail_keep: int, obs_window: int, history_k, history_v) -> None:
+    def observation(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The last ``obs_window`` recorded queries (b, q_heads, w, d) and their positions (w,), or (None, None)."""
+        return observation_window(self.queries, self.query_pos, self.obs_window)
+
+    def reselect(self, scorer, n_imp: int, tail_keep: int, history_k, history_v) -> None:
         """Rebuild ``[importance | tail]`` from the full history: the last ``tail_keep`` tokens form the tail; the
         best ``n_imp`` of the earlier positions (per KV head) form the importance part."""
         L = self.length
         # A history shorter than the budget: the importance part takes the oldest positions (the window policy's
         # sinks among them) rather than leaving them in the tail, from which they would later be evicted.
         tail_keep = min(tail_keep, max(L - n_imp, 0))
-        pos = select_importance(scorer, history_k, L, n_imp, tail_keep, self.queries, self.query_pos, obs_window)
+        pos = select_importance(scorer, history_k, L, n_imp, tail_keep, *self.observation())
         imp_k = gather_positions(history_k, pos).to(self.device, self.dtype)
         imp_v = gather_positions(history_v, pos).to(self.device, self.dtype)
         tail_k = history_k[:, :, L - tail_keep:L].to(self.device, self.dtype)
@@ -152,17 +161,15 @@ class RiftLayer(CacheLayerMixin):
 
 
 class RiftCache(Cache):
-    """The draft's cache under a :class:`~rift_ada.policies.CachePolicy` (full, window, snapkv, rift-*)."""
+    """The draft's cache under a :class:`~rift_ada.layout.CacheLayout` (full, window, snapkv, rift)."""
 
-    def __init__(self, num_layers: int, policy: CachePolicy, store_device: str | torch.device | None = None,
+    def __init__(self, num_layers: int, layout: CacheLayout, store_device: str | torch.device | None = None,
                  extra_queries: int = 64):
-        self.policy = policy
-        self.scorer = policy.make_scorer()
-        layers = [RiftLayer(policy.keeps_store, store_device, policy.obs_window + extra_queries)
+        self.layout = layout
+        self.scorer = layout.make_scorer()
+        layers = [RiftLayer(layout.refreshable, store_device, layout.obs_window, extra_queries)
                   for _ in range(num_layers)]
         super().__init__(layers=layers)
-        self.compressed = False
-        self.refreshes = 0
         self._reference_queries: list[torch.Tensor] | None = None
 
     # Called by rift_ada.attention for each layer of a forward that passes rift_observer=self.
@@ -178,41 +185,39 @@ class RiftCache(Cache):
     def length(self) -> int:
         return self.layers[0].length
 
+    # --- the round protocol ---------------------------------------------------------------------------------------
     def compress(self) -> None:
-        """After prefill: select from the prompt and keep the policy's tail (a no-op for ``full``)."""
-        lay = self.policy.layout()
+        """After prefill: select from the prompt and keep the layout's tail (a no-op for ``full``)."""
+        lay = self.layout
         if lay.compress:
             for layer in self.layers:
-                layer.reselect(self.scorer, lay.n_imp, lay.tail_keep, self.policy.obs_window, layer.keys,
-                               layer.values)
-        self.compressed = True
+                layer.reselect(self.scorer, lay.n_imp, lay.tail_keep, layer.keys, layer.values)
         self._remember_queries()
 
     def refresh(self) -> None:
         """Rescore the whole history (prompt + generated tokens that left the window) from the backing store with the
         most recent observation queries, and rebuild the importance part. The window is kept as it is."""
-        lay = self.policy.layout()
-        if not self.policy.keeps_store:
-            raise RuntimeError(f"policy {self.policy.name!r} keeps no backing store, so it cannot refresh")
+        if not self.layout.refreshable:
+            raise RuntimeError(f"a {self.layout.describe()} cache without a backing store cannot refresh: use a "
+                               "rift layout with store=True (policies rift-dyn / rift-ada)")
         for layer in self.layers:
-            layer.reselect(self.scorer, lay.n_imp, layer.n_tail, self.policy.obs_window, layer.store_k,
-                           layer.store_v)
-        self.refreshes += 1
+            layer.reselect(self.scorer, self.layout.n_imp, layer.n_tail, layer.store_k, layer.store_v)
         self._remember_queries()
 
-    def compact(self) -> None:
-        """Evict tail tokens beyond the sliding window (call after each round's rollback)."""
-        keep = self.policy.layout().tail_limit
+    def rollback(self, rejected: int) -> None:
+        """End a round: drop its ``rejected`` newest tokens, then evict tail tokens beyond the sliding window. In this
+        order, so a rollback never needs a token that eviction removed."""
+        self.crop(-rejected)
+        keep = self.layout.tail_limit
         for layer in self.layers:
             layer.evict_tail(keep)
 
     # --- signals and accounting -----------------------------------------------------------------------------------
     def _mean_queries(self) -> list[torch.Tensor] | None:
-        w = self.policy.obs_window
-        if any(layer.queries is None for layer in self.layers):
+        obs = [layer.observation()[0] for layer in self.layers]
+        if any(q is None for q in obs):
             return None
-        return [torch.nn.functional.normalize(layer.queries[:, :, -w:].float().mean(2), dim=-1)
-                for layer in self.layers]
+        return [torch.nn.functional.normalize(q.float().mean(2), dim=-1) for q in obs]
 
     def _remember_queries(self) -> None:
         self._reference_queries = self._mean_queries()
@@ -228,9 +233,6 @@ class RiftCache(Cache):
 
     def active_bytes(self) -> int:
         return sum(l.keys.nbytes + l.values.nbytes for l in self.layers if l.is_initialized)
-
-    def store_bytes(self) -> int:
-        return sum(l.store_k.nbytes + l.store_v.nbytes for l in self.layers if l.is_initialized and l.keep_store)
 
     def active_tokens(self) -> int:
         return self.layers[0].n_active

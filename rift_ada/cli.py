@@ -15,6 +15,7 @@ Bad input ends a command with one line on stderr and exit code 2, never a traceb
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -75,6 +76,58 @@ def apply_runtime(args) -> None:
     torch.set_num_threads(args.threads)
 
 
+def add_model_options(parser: argparse.ArgumentParser, drafter: str = "self") -> None:
+    g = parser.add_argument_group("models")
+    g.add_argument("--target", default="testbed", help="'testbed', a local HF folder or a hub id")
+    g.add_argument("--drafter", default=drafter,
+                   help="'self' (the target drafts on a compressed cache), 'testbed' (the built-in draft), or a "
+                        "local folder / hub id of a draft sharing the target's tokenizer (default: %(default)s)")
+
+
+def add_cache_options(parser: argparse.ArgumentParser, policy: str | None = "rift-stat", budget: int = 512) -> None:
+    """The draft cache: ``--policy`` (omit with ``policy=None``: scripts that sweep policies), the layout's knobs and
+    ``--period`` / ``--controller``. :func:`policy_from_args` turns them into a :class:`~rift_ada.policies.Policy`."""
+    from .policies import POLICIES
+    from .scorers import SCORERS
+
+    g = parser.add_argument_group("draft cache")
+    if policy is not None:
+        g.add_argument("--policy", default=policy, help=f"one of: {', '.join(POLICIES)} (default: %(default)s)")
+        g.add_argument("--period", type=int, default=None, help="rift-dyn: generated tokens between refreshes")
+        g.add_argument("--controller", default=None,
+                       help="rift-ada: a controller file (controller.json / controller.pt), periodic:N or never")
+    g.add_argument("--budget", type=int, default=budget, help="active draft KV budget in tokens (default: %(default)s)")
+    g.add_argument("--window-fraction", type=float, default=0.5, help="share of the budget for the sliding window")
+    g.add_argument("--window", type=int, default=None, help="sliding window in tokens (overrides the fraction)")
+    g.add_argument("--sinks", type=int, default=4, help="attention sinks kept by the 'window' policy")
+    g.add_argument("--scorer", default="snapkv", help=f"one of: {', '.join(SCORERS)}")
+    g.add_argument("--obs-window", type=int, default=32, help="observation queries used for scoring")
+    g.add_argument("--kernel", type=int, default=7, help="snapkv pooling kernel")
+    g.add_argument("--pooling", default="max", help="snapkv pooling: max, avg or none")
+    g.add_argument("--lookahead", type=int, default=64,
+                   help="extend snapkv scores this many tokens forward (0 = plain SnapKV)")
+
+
+def policy_from_args(args, name: str | None = None, **overrides):
+    """The :class:`~rift_ada.policies.Policy` the cache options describe (``name``/``overrides`` for sweeps)."""
+    from .policies import make_policy
+
+    opts = dict(budget=args.budget, window_fraction=args.window_fraction, window=args.window, sinks=args.sinks,
+                scorer=args.scorer, obs_window=args.obs_window, lookahead=args.lookahead,
+                scorer_options=(("kernel", args.kernel), ("pooling", args.pooling)),
+                period=getattr(args, "period", None), controller=getattr(args, "controller", None))
+    opts.update(overrides)
+    return make_policy(name or args.policy, **opts)
+
+
+def add_decoding_options(parser: argparse.ArgumentParser, max_new_tokens: int = 256) -> None:
+    g = parser.add_argument_group("decoding")
+    g.add_argument("--draft-length", type=int, default=11, help="draft tokens per round (k)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="(default: %(default)s)")
+
+
 def add_task_options(parser: argparse.ArgumentParser, prompts: int = 12, input_tokens: int = 2048,
                      task: str = "low") -> None:
     g = parser.add_argument_group("prompts")
@@ -125,6 +178,12 @@ def check_output(path: str | None) -> None:
     not after it."""
     if path is not None and not Path(path).expanduser().resolve().parent.is_dir():
         raise ValueError(f"cannot write {path!r}: its folder does not exist")
+
+
+def write_output(path: str | None, obj) -> None:
+    """Write ``obj`` as JSON to ``--output`` when one was given (checked early by :func:`check_output`)."""
+    if path:
+        Path(path).write_text(json.dumps(obj, indent=1))
 
 
 def fail(err: BaseException) -> int:

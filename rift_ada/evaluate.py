@@ -6,6 +6,9 @@ Prints acceptance length (AL, tokens per target step) overall and by generation 
 the draft's peak active KV bytes, for greedy decoding the share of prompts whose output equals the target's own
 greedy ``generate``, and ``uncompressed_prompts``: prompts no longer than the budget, which the draft cache holds
 whole after prefill (a note on stderr says so; full-cache comparisons are legitimate, so they are not refused).
+
+In Python, ``evaluate(decoder, prompts, controller)`` is the same run on a decoder you built; the policy table, the
+benchmark and the trainers call it.
 """
 
 from __future__ import annotations
@@ -13,48 +16,63 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
 
 from tqdm.auto import tqdm
 
-from .cli import ArgumentParser, add_runtime_options, add_task_options, apply_runtime, fail, tasks_from_args
-from .policies import POLICIES, CachePolicy
-from .scorers import SCORERS
+from .cli import (ArgumentParser, add_cache_options, add_decoding_options, add_model_options, add_runtime_options,
+                  add_task_options, apply_runtime, fail, policy_from_args, tasks_from_args)
+from .metrics import acceptance_length, summarize
+
+if TYPE_CHECKING:  # imported when used: bad options fail before torch and transformers load
+    from .speculative import DecodeResult, SpeculativeDecoder
+
+
+@dataclass
+class Evaluation:
+    results: list[DecodeResult]  # one per prompt, with every round's record
+    summary: dict  # rift_ada.metrics.summarize, plus target_greedy_match
+    rows: list[dict] = field(default_factory=list)  # per prompt: AL, refreshes, tokens (and the greedy match)
+
+
+def evaluate(decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]], controller=None,
+             max_new_tokens: int = 256, greedy_check: bool = False, progress: bool | str = False) -> Evaluation:
+    """Decode every prompt with ``decoder``; ``controller`` (``rift_ada.refresh``) decides refreshes, None never.
+    ``greedy_check`` compares each output with the target's own greedy ``generate`` (greedy decoding only)."""
+    from .models import greedy_reference
+
+    if greedy_check and decoder.temperature != 0:
+        raise ValueError("the greedy check needs temperature 0")
+    results, rows, matches = [], [], []
+    desc = progress if isinstance(progress, str) else "evaluate"
+    for i, ids in enumerate(tqdm(prompts, desc=desc, disable=not progress)):
+        res = decoder.generate(ids, max_new_tokens, controller)
+        results.append(res)
+        row = {"prompt": i, "prompt_tokens": len(ids), "acceptance_length": acceptance_length(res.rounds),
+               "refreshes": res.refreshes, "generated_tokens": len(res.tokens)}
+        if greedy_check:
+            ref = greedy_reference(decoder.target, list(ids), max_new_tokens, decoder.eos_token_id)
+            matches.append(ref == res.tokens)
+            row["target_greedy_match"] = matches[-1]
+        rows.append(row)
+    summary = summarize(results, max_new_tokens)
+    summary["target_greedy_match"] = sum(matches) / len(matches) if matches else None
+    return Evaluation(results, summary, rows)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m rift_ada.evaluate", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    m = p.add_argument_group("models")
-    m.add_argument("--target", default="testbed", help="'testbed', a local HF folder or a hub id")
-    m.add_argument("--drafter", default="self",
-                   help="'self' (the target drafts on a compressed cache), 'testbed' (the built-in draft), or a "
-                        "local folder / hub id of a draft sharing the target's tokenizer")
-    m.add_argument("--lora", default=None,
+    add_model_options(p)
+    p.add_argument("--lora", default=None,
                    help="a LoRA adapter folder (experiments/train_compressibility.py) applied to the drafter; with "
                         "--drafter self the adapted copy drafts and the unadapted target verifies")
-    m.add_argument("--lora-merge", action="store_true", help="merge the adapter into the drafter's weights")
-    c = p.add_argument_group("draft cache")
-    c.add_argument("--policy", default="rift-stat", help=f"one of: {', '.join(POLICIES)}")
-    c.add_argument("--budget", type=int, default=512, help="active draft KV budget in tokens")
-    c.add_argument("--window-fraction", type=float, default=0.5, help="share of the budget for the sliding window")
-    c.add_argument("--window", type=int, default=None, help="sliding window in tokens (overrides the fraction)")
-    c.add_argument("--sinks", type=int, default=4, help="attention sinks kept by the 'window' policy")
-    c.add_argument("--period", type=int, default=None, help="rift-dyn: generated tokens between refreshes")
-    c.add_argument("--controller", default=None,
-                   help="rift-ada: an exported controller file (controller.json / controller.pt) deciding refreshes")
-    c.add_argument("--scorer", default="snapkv", help=f"one of: {', '.join(SCORERS)}")
-    c.add_argument("--obs-window", type=int, default=32, help="observation queries used for scoring")
-    c.add_argument("--kernel", type=int, default=7, help="snapkv pooling kernel")
-    c.add_argument("--lookahead", type=int, default=CachePolicy.lookahead,
-                   help="extend snapkv scores this many tokens forward (0 = plain SnapKV)")
-    c.add_argument("--pooling", default="max", help="snapkv pooling: max, avg or none")
-    c.add_argument("--store-device", default=None, help="device of the backing store (default: the model's)")
-    d = p.add_argument_group("decoding")
-    d.add_argument("--draft-length", type=int, default=11, help="draft tokens per round (k)")
-    d.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    d.add_argument("--top-p", type=float, default=1.0)
-    d.add_argument("--max-new-tokens", type=int, default=256)
-    d.add_argument("--no-greedy-check", action="store_true",
+    p.add_argument("--lora-merge", action="store_true", help="merge the adapter into the drafter's weights")
+    add_cache_options(p)
+    p.add_argument("--store-device", default=None, help="device of the backing store (default: the model's)")
+    add_decoding_options(p)
+    p.add_argument("--no-greedy-check", action="store_true",
                    help="skip the comparison with the target's own greedy generate (saves one decode per prompt)")
     add_task_options(p, prompts=4, input_tokens=2048, task="low")
     o = p.add_argument_group("output")
@@ -64,27 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def policy_from_args(args) -> CachePolicy:
-    return CachePolicy(args.policy, budget=None if args.policy == "full" else args.budget,
-                       window_fraction=args.window_fraction, window=args.window, sinks=args.sinks,
-                       period=args.period, scorer=args.scorer, obs_window=args.obs_window, lookahead=args.lookahead,
-                       scorer_options={"kernel": args.kernel, "pooling": args.pooling})
-
-
 def run(args) -> dict:
     # Options and small files first: bad input fails before transformers is imported and models load.
     policy = policy_from_args(args)
-    decide = None
-    if args.policy == "rift-ada":
-        if not args.controller:
-            raise ValueError("--policy rift-ada needs --controller FILE (e.g. runs/controller/controller.json)")
-        from controllers.export import load_controller
-
-        from .signals import decider
-
-        decide = decider(load_controller(args.controller))
-    elif args.controller:
-        raise ValueError("--controller only applies to --policy rift-ada")
     if args.lora:
         from .lora import check_adapter
 
@@ -92,45 +92,33 @@ def run(args) -> dict:
     elif args.lora_merge:
         raise ValueError("--lora-merge needs --lora DIR")
     from .data import encode
-    from .metrics import acceptance_length, summarize
     from .models import load_pair
     from .speculative import SpeculativeDecoder
-    from .testbed.check import greedy_continuation
 
     pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype)
     tasks = tasks_from_args(args, pair.tokenizer)
-    eos = pair.tokenizer.eos_token_id
     draft = None if pair.self_speculative else pair.draft
     if args.lora:
         from .lora import load_drafter
 
         draft = load_drafter(pair.draft, args.lora, merge=args.lora_merge)
-    dec = SpeculativeDecoder(pair.target, draft, policy,
-                             draft_length=args.draft_length, temperature=args.temperature, top_p=args.top_p,
-                             eos_token_id=eos, seed=args.seed, store_device=args.store_device)
-    greedy_check = args.temperature == 0 and not args.no_greedy_check
+    dec = SpeculativeDecoder(pair.target, draft, policy.layout, draft_length=args.draft_length,
+                             temperature=args.temperature, top_p=args.top_p, eos_token_id=pair.tokenizer.eos_token_id,
+                             seed=args.seed, store_device=args.store_device)
     prompts = [encode(pair.tokenizer, task.prompt) for task in tasks]
-    whole = [len(ids) for ids in prompts if policy.budget is None or len(ids) <= policy.budget]
-    if whole and policy.budget is not None:
-        print(f"note: budget {policy.budget} >= prompt length for {len(whole)} of {len(prompts)} prompts (up to "
+    budget = policy.layout.budget
+    whole = [len(ids) for ids in prompts if budget is None or len(ids) <= budget]
+    if whole and budget is not None:
+        print(f"note: budget {budget} >= prompt length for {len(whole)} of {len(prompts)} prompts (up to "
               f"{max(whole)} tokens): the draft cache holds them whole, prefill compresses nothing", file=sys.stderr)
-    results, rows, matches = [], [], []
-    for task, ids in tqdm(list(zip(tasks, prompts)), desc=f"{args.policy} (budget {args.budget})", disable=args.json):
-        res = dec.generate(ids, args.max_new_tokens, decide)
-        results.append(res)
-        row = {"task_id": task.task_id, "prompt_tokens": len(ids), "acceptance_length": acceptance_length(res.rounds),
-               "refreshes": res.refreshes, "generated_tokens": len(res.tokens)}
-        if greedy_check:
-            matches.append(greedy_continuation(pair.target, ids, args.max_new_tokens, eos) == res.tokens)
-            row["target_greedy_match"] = matches[-1]
-        rows.append(row)
-    out = {"policy": policy.name, "budget": policy.budget, "drafter": args.drafter, "target": args.target,
-           "draft_length": args.draft_length, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens}
-    out.update(summarize(results, args.max_new_tokens))
-    out["target_greedy_match"] = sum(matches) / len(matches) if matches else None
-    out["uncompressed_prompts"] = len(whole)
+    ev = evaluate(dec, prompts, policy.controller, args.max_new_tokens,
+                  greedy_check=args.temperature == 0 and not args.no_greedy_check,
+                  progress=False if args.json else f"{args.policy} (budget {args.budget})")
+    out = {"policy": policy.name, "budget": budget, "drafter": args.drafter, "target": args.target,
+           "draft_length": args.draft_length, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
+           **ev.summary, "uncompressed_prompts": len(whole)}
     if args.per_prompt:
-        out["per_prompt"] = rows
+        out["per_prompt"] = [{"task_id": t.task_id, **row} for t, row in zip(tasks, ev.rows)]
     return out
 
 

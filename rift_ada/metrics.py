@@ -8,9 +8,10 @@ round and is not counted.
 from __future__ import annotations
 
 from statistics import mean
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from .speculative import DecodeResult, RoundRecord
+if TYPE_CHECKING:
+    from .speculative import DecodeResult, RoundRecord
 
 
 def acceptance_length(rounds: Sequence[RoundRecord]) -> float:

@@ -146,10 +146,6 @@ class ModelPair:
     tokenizer: object
     self_speculative: bool
 
-    @property
-    def max_positions(self) -> int:
-        return min(getattr(m.config, "max_position_embeddings", 1 << 30) for m in (self.target, self.draft))
-
 
 def load_pair(target: str = "testbed", drafter: str = "testbed", device: str = "cpu", dtype=None) -> ModelPair:
     """``drafter``: ``self`` (the target drafts for itself), ``testbed`` (the built-in draft), or a path / hub id."""
@@ -170,3 +166,13 @@ def check_vocab(target, draft) -> None:
     if vt != vd:
         raise ValueError(f"the drafter's vocabulary ({vd} tokens) differs from the target's ({vt}): draft and "
                          "target must share a tokenizer")
+
+
+@torch.inference_mode()
+def greedy_reference(model, prompt_ids: list[int], new_tokens: int, eos_token_id: int | None = None) -> list[int]:
+    """The model's own greedy output via HF ``generate``: what every greedy speculative run must reproduce."""
+    ids = torch.tensor([prompt_ids], device=model.device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
+                         eos_token_id=eos_token_id, pad_token_id=eos_token_id if eos_token_id is not None else 0,
+                         top_p=None, top_k=None, temperature=None)
+    return out[0, len(prompt_ids):].tolist()

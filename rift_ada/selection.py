@@ -1,34 +1,8 @@
-"""Budgets and per-head selection: how many tokens go to importance vs the sliding window, and which ones."""
+"""Per-head selection: which positions the importance part keeps (the split itself is ``rift_ada.layout``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-
-
-@dataclass(frozen=True)
-class Budget:
-    """An integer token budget for the draft's active cache: ``importance + window == total``."""
-
-    total: int
-    window: int
-
-    @property
-    def importance(self) -> int:
-        return self.total - self.window
-
-    @classmethod
-    def split(cls, total: int, window_fraction: float = 0.5, window: int | None = None) -> "Budget":
-        if not isinstance(total, int) or total < 1:
-            raise ValueError(f"budget must be a positive integer number of tokens, got {total!r}")
-        if window is None:
-            if not 0.0 < window_fraction <= 1.0:
-                raise ValueError(f"window fraction must be in (0, 1], got {window_fraction}")
-            window = max(1, round(total * window_fraction))
-        if not 1 <= window <= total:
-            raise ValueError(f"the sliding window ({window}) must be between 1 and the budget ({total})")
-        return cls(total, window)
 
 
 def top_positions(scores: torch.Tensor, candidates: torch.Tensor, n: int) -> torch.Tensor:
@@ -51,23 +25,29 @@ def gather_positions(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return x.gather(2, idx)
 
 
+def observation_window(queries: torch.Tensor | None, positions: torch.Tensor | None, w: int):
+    """The last ``w`` recorded queries (b, q_heads, w, d) and their positions: the one place the window is cut."""
+    if queries is None or queries.shape[2] == 0:
+        return None, None
+    return queries[:, :, -w:], positions[-w:]
+
+
 def select_importance(scorer, keys: torch.Tensor, length: int, n_imp: int, tail_keep: int,
-                      queries: torch.Tensor | None = None, query_positions: torch.Tensor | None = None,
-                      obs_window: int = 32) -> torch.Tensor:
+                      queries: torch.Tensor | None = None, query_positions: torch.Tensor | None = None) -> torch.Tensor:
     """The importance positions (batch, kv_heads, n) that a cache holding ``length`` tokens keeps per KV head: the
     scorer's best ``n_imp`` among positions before the last ``tail_keep`` (which the sliding window holds).
 
-    ``keys``: (batch, kv_heads, >= length, d) post-RoPE keys of the history; ``queries``: the recorded observation
-    queries, of which the last ``obs_window`` score. The decoder's cache and the compressibility trainer's masks
-    both select through this one function.
+    ``keys``: (batch, kv_heads, >= length, d) post-RoPE keys of the history; ``queries``: the observation window
+    (``observation_window``). The decoder's cache and the compressibility trainer's masks both select through this
+    one function.
     """
     keys = keys[:, :, :length]
     positions = torch.arange(length, device=keys.device)
     if scorer.needs_queries:
-        if queries is None or queries.shape[2] == 0:
+        if queries is None:
             raise RuntimeError("no observation queries were recorded: the draft must run with rift attention "
                                "(rift_ada.attention.use_rift_attention) and rift_observer=<cache>")
-        q, qp = queries[:, :, -obs_window:].to(keys.device), query_positions[-obs_window:].to(keys.device)
+        q, qp = queries.to(keys.device), query_positions.to(keys.device)
     else:
         q = qp = None
     scores = scorer.score(q, keys, qp, positions)

@@ -17,11 +17,15 @@ in the environment reads the same vector the decoding loop gives it.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from .speculative import DecoderState
+
 HISTORY = 4
-SINCE_SCALE = 4096.0
+SINCE_SCALE = 4096.0  # a power of two: since_refresh * SINCE_SCALE is exactly the token count (up to the cap)
 NAMES = tuple(f"acc_{i + 1}" for i in range(HISTORY)) + (
     "acc_mean", "entropy_mean", "entropy_max", "drift", "since_refresh", "position")
 LOW = np.zeros(len(NAMES), dtype=np.float32)
@@ -34,24 +38,16 @@ def index(name: str) -> int:
     return NAMES.index(name)
 
 
-def observe(decoder) -> np.ndarray:
-    """The signal vector of a :class:`~rift_ada.speculative.SpeculativeDecoder` between rounds."""
-    rounds = decoder.result.rounds
-    acc = [r.accepted / r.draft_length if r.draft_length else 1.0 for r in rounds[-HISTORY:][::-1]]
-    acc += [1.0] * (HISTORY - len(acc))
-    log_v = math.log(decoder.draft.config.vocab_size)
-    last = rounds[-1] if rounds else None
+def observe(state: DecoderState) -> np.ndarray:
+    """The signal vector of a decoder's published state (``SpeculativeDecoder.state``): a pure function of it."""
+    acc = list(state.acceptance[:HISTORY]) + [1.0] * (HISTORY - len(state.acceptance[:HISTORY]))
+    log_v = math.log(state.vocab_size)
     vec = acc + [
         sum(acc) / HISTORY,
-        last.entropy_mean / log_v if last else 0.0,
-        last.entropy_max / log_v if last else 0.0,
-        decoder.dcache.query_drift(),
-        decoder.tokens_since_refresh / SINCE_SCALE,
-        len(decoder.result.tokens) / decoder.max_new_tokens,
+        state.entropy_mean / log_v,
+        state.entropy_max / log_v,
+        state.drift,
+        state.tokens_since_refresh / SINCE_SCALE,
+        state.generated / state.max_new_tokens,
     ]
     return np.clip(np.asarray(vec, dtype=np.float32), LOW, HIGH)
-
-
-def decider(controller):
-    """``decoder -> bool``: observe the signals, ask the controller (the glue ``generate(decide=...)`` takes)."""
-    return lambda decoder: bool(controller.decide(observe(decoder)))

@@ -1,8 +1,9 @@
 """Step-wise speculative decoding with a RIFT draft cache.
 
 ``SpeculativeDecoder.reset(prompt)`` prefills both models; ``step(refresh)`` runs one round and returns a
-``RoundRecord``. ``generate()``, the evaluation CLI, the Gymnasium environment and the trainers all drive this one
-object, so there is exactly one implementation of a round.
+``RoundRecord``; ``decoder.state`` is a small read-only summary after each round, from which ``rift_ada.signals``
+computes a controller's observation. ``generate()``, ``rift_ada.evaluate.evaluate``, the Gymnasium environment and
+the trainers all drive this one object, so there is exactly one implementation of a round.
 
 State between rounds: the target's cache holds every token except the last one emitted (``_t_pending``); the draft's
 cache holds every token except ``_d_pending`` (one token, or two after a round in which all k drafts were accepted,
@@ -13,16 +14,16 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
+from . import signals
 from .attention import use_rift_attention
 from .cache import RiftCache
+from .layout import CacheLayout
 from .models import check_vocab
-from .policies import CachePolicy
-
 
 @dataclass
 class RoundRecord:
@@ -40,8 +41,20 @@ class RoundRecord:
     verify_seconds: float
     refresh_seconds: float
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+
+@dataclass(frozen=True)
+class DecoderState:
+    """What a refresh decision may look at between rounds: published by the decoder, read by ``signals.observe``."""
+
+    generated: int  # tokens generated so far
+    max_new_tokens: int
+    rounds: int
+    tokens_since_refresh: int
+    drift: float  # query drift since the last scoring (computed once per round)
+    acceptance: tuple[float, ...]  # accepted / k of the last signals.HISTORY rounds, most recent first
+    entropy_mean: float  # of the last round (0 before any round)
+    entropy_max: float
+    vocab_size: int
 
 
 @dataclass
@@ -57,6 +70,18 @@ class DecodeResult:
         return sum(r.refreshed for r in self.rounds)
 
 
+class _Clock:
+    """Wall time of a round's phases, synchronising the device first so GPU work is counted where it happens."""
+
+    def __init__(self, sync):
+        self.sync, self.t, self.seconds = sync, time.perf_counter(), {}
+
+    def lap(self, phase: str) -> None:
+        self.sync()
+        now = time.perf_counter()
+        self.seconds[f"{phase}_seconds"], self.t = now - self.t, now
+
+
 def _entropy(logits: torch.Tensor) -> float:
     logp = torch.log_softmax(logits.float(), -1)
     return float(-(logp.exp() * logp).sum())
@@ -70,7 +95,7 @@ class SpeculativeDecoder:
     exact rejection rule (Leviathan et al.), so outputs follow the target's sampling distribution.
     """
 
-    def __init__(self, target, draft=None, policy: CachePolicy | None = None, draft_length: int = 11,
+    def __init__(self, target, draft=None, layout: CacheLayout | None = None, draft_length: int = 11,
                  temperature: float = 0.0, top_p: float = 1.0, eos_token_id: int | None = None, seed: int = 0,
                  store_device: str | None = None):
         if not isinstance(draft_length, int) or draft_length < 1:
@@ -83,7 +108,7 @@ class SpeculativeDecoder:
         self.draft = target if draft is None else draft
         self.self_speculative = draft is None or draft is target
         check_vocab(self.target, self.draft)
-        self.policy = policy or CachePolicy("full")
+        self.layout = layout or CacheLayout("full")
         self.k, self.temperature, self.top_p = draft_length, temperature, top_p
         self.eos_token_id = eos_token_id
         self.seed = seed
@@ -110,7 +135,7 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         pos = torch.arange(ids.shape[1], device=self.device)[None]
         self.tcache = DynamicCache(config=self.target.config)
-        self.dcache = RiftCache(self.draft.config.num_hidden_layers, self.policy, self.store_device)
+        self.dcache = RiftCache(self.draft.config.num_hidden_layers, self.layout, self.store_device)
         if self.self_speculative:
             # One prefill serves both caches: same model, same tokens; the draft cache copies the keys and values.
             logits = self.target(ids, cache=self.tcache, position_ids=pos, rift_observer=self.dcache,
@@ -126,71 +151,33 @@ class SpeculativeDecoder:
         self._t_pending, self._d_pending = [first], [first]
         self.tokens_since_refresh = 0
         self.done = first == self.eos_token_id or max_new_tokens <= 1
+        self.state = self._state()
 
     # --- one round ---------------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def step(self, refresh: bool | None = None) -> RoundRecord:
-        """One round: [refresh] -> draft k -> verify -> accept -> roll back. ``refresh=None`` follows the policy."""
+    def step(self, refresh: bool = False) -> RoundRecord:
+        """One round: [refresh] -> draft k -> verify -> accept -> roll back -> record."""
         if self.done:
             raise RuntimeError("generation is finished: call reset() with a new prompt")
-        if refresh is None:
-            refresh = self.policy.wants_refresh(self.tokens_since_refresh)
-        drift, since = self.dcache.query_drift(), self.tokens_since_refresh
-        t0 = time.perf_counter()
+        before, clock = self.state, _Clock(self._sync)
         if refresh:
             self.dcache.refresh()
-            self.tokens_since_refresh = 0
-        t1 = time.perf_counter()
-
-        remaining = self.max_new_tokens - len(self.result.tokens)
-        k = min(self.k, remaining - 1)  # never draft past max_new_tokens
-        drafts, q_probs, entropies = [], [], []
-        feed = self._d_pending
-        for _ in range(k):
-            logits = self._forward(self.draft, self.dcache, feed, observe=True)
-            q = self._probs(logits)
-            drafts.append(self._sample(q, logits))
-            q_probs.append(q)
-            entropies.append(_entropy(logits))
-            feed = drafts[-1:]
+        clock.lap("refresh")
+        k = min(self.k, self.max_new_tokens - before.generated - 1)  # never draft past max_new_tokens
+        drafts, q_probs, entropies = self._draft(k)
         active_bytes = self.dcache.active_bytes()
-        self._sync()
-        t2 = time.perf_counter()
-
+        clock.lap("draft")
         t_logits = self._forward(self.target, self.tcache, self._t_pending + drafts, all_logits=True)
         n, nxt = self._accept(drafts, q_probs, t_logits)
-        self._sync()
-        t3 = time.perf_counter()
-
-        # Roll back what was rejected: the target fed 1 + k tokens and keeps 1 + n; the draft fed
-        # len(pending) + k - 1 tokens (the last draft token is never fed) and keeps len(pending) + n.
-        self.tcache.crop(-(k - n))
-        fed_drafts = max(k - 1, 0)
-        if n <= fed_drafts:
-            self.dcache.crop(-(fed_drafts - n))
-            self._d_pending = [nxt] if k > 0 else self._d_pending + [nxt]
-        else:  # all k accepted: the last draft token still has to be fed to the draft
-            self._d_pending = [drafts[-1], nxt]
-        self.dcache.compact()
-        self._t_pending = [nxt]
-
-        new = drafts[:n] + [nxt]
-        if self.eos_token_id is not None and self.eos_token_id in new:
-            new = new[: new.index(self.eos_token_id) + 1]
-            self.done = True
+        clock.lap("verify")
+        self._roll_back(k, n, drafts, nxt)
+        new = self._emit(drafts[:n] + [nxt])
         record = RoundRecord(
-            position=len(self.result.tokens), accepted=n, emitted=len(new), draft_length=k, refreshed=bool(refresh),
-            tokens_since_refresh=since, drift=drift,
-            entropy_mean=sum(entropies) / len(entropies) if entropies else 0.0,
-            entropy_max=max(entropies) if entropies else 0.0, active_kv_bytes=active_bytes,
-            draft_seconds=t2 - t1, verify_seconds=t3 - t2, refresh_seconds=t1 - t0,
-        )
-        self.result.tokens.extend(new)
-        self.result.rounds.append(record)
-        self.result.decode_seconds += t3 - t0
-        self.tokens_since_refresh += len(new)
-        if len(self.result.tokens) >= self.max_new_tokens:
-            self.done = True
+            position=before.generated, accepted=n, emitted=len(new), draft_length=k, refreshed=bool(refresh),
+            tokens_since_refresh=before.tokens_since_refresh, drift=before.drift,
+            entropy_mean=sum(entropies) / k if k else 0.0, entropy_max=max(entropies, default=0.0),
+            active_kv_bytes=active_bytes, **clock.seconds)
+        self._publish(record)
         return record
 
     def fork(self) -> "SpeculativeDecoder":
@@ -203,12 +190,62 @@ class SpeculativeDecoder:
         other._t_pending, other._d_pending = list(self._t_pending), list(self._d_pending)
         return other
 
-    def generate(self, prompt_ids, max_new_tokens: int, decide=None) -> DecodeResult:
-        """Decode to the end. ``decide(decoder) -> bool | None`` chooses refreshes (None: the policy's schedule)."""
+    def generate(self, prompt_ids, max_new_tokens: int, controller=None) -> DecodeResult:
+        """Decode to the end; ``controller`` (``rift_ada.refresh``) decides refreshes from the signals (None: never)."""
         self.reset(prompt_ids, max_new_tokens)
         while not self.done:
-            self.step(decide(self) if decide is not None else None)
+            self.step(controller is not None and bool(controller.decide(signals.observe(self.state))))
         return self.result
+
+    # --- a round's bookkeeping ---------------------------------------------------------------------------------------
+    def _draft(self, k: int) -> tuple[list[int], list, list[float]]:
+        drafts, q_probs, entropies = [], [], []
+        feed = self._d_pending
+        for _ in range(k):
+            logits = self._forward(self.draft, self.dcache, feed, observe=True)
+            q = self._probs(logits)
+            drafts.append(self._sample(q, logits))
+            q_probs.append(q)
+            entropies.append(_entropy(logits))
+            feed = drafts[-1:]
+        return drafts, q_probs, entropies
+
+    def _roll_back(self, k: int, n: int, drafts: list[int], nxt: int) -> None:
+        """The target fed 1 + k tokens and keeps 1 + n; the draft fed len(pending) + k - 1 tokens (the last draft
+        token is never fed) and keeps len(pending) + n."""
+        self.tcache.crop(-(k - n))
+        fed_drafts = max(k - 1, 0)
+        if n <= fed_drafts:
+            self.dcache.rollback(fed_drafts - n)
+            self._d_pending = [nxt] if k > 0 else self._d_pending + [nxt]
+        else:  # all k accepted: the last draft token still has to be fed to the draft
+            self.dcache.rollback(0)
+            self._d_pending = [drafts[-1], nxt]
+        self._t_pending = [nxt]
+
+    def _emit(self, new: list[int]) -> list[int]:
+        if self.eos_token_id is not None and self.eos_token_id in new:
+            new = new[: new.index(self.eos_token_id) + 1]
+            self.done = True
+        self.result.tokens.extend(new)
+        self.done |= len(self.result.tokens) >= self.max_new_tokens
+        return new
+
+    def _publish(self, record: RoundRecord) -> None:
+        self.result.rounds.append(record)
+        self.result.decode_seconds += record.refresh_seconds + record.draft_seconds + record.verify_seconds
+        self.tokens_since_refresh = (0 if record.refreshed else self.tokens_since_refresh) + record.emitted
+        self.state = self._state()
+
+    def _state(self) -> DecoderState:
+        rounds = self.result.rounds
+        last = rounds[-1] if rounds else None
+        return DecoderState(
+            generated=len(self.result.tokens), max_new_tokens=self.max_new_tokens, rounds=len(rounds),
+            tokens_since_refresh=self.tokens_since_refresh, drift=self.dcache.query_drift(),
+            acceptance=tuple(r.accepted / r.draft_length if r.draft_length else 1.0 for r in rounds[-signals.HISTORY:][::-1]),
+            entropy_mean=last.entropy_mean if last else 0.0, entropy_max=last.entropy_max if last else 0.0,
+            vocab_size=self.draft.config.vocab_size)
 
     # --- pieces ----------------------------------------------------------------------------------------------------
     def _forward(self, model, cache, tokens: list[int], observe: bool = False, all_logits: bool = False):

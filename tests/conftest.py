@@ -1,3 +1,4 @@
+import functools
 import os
 
 import pytest
@@ -54,3 +55,45 @@ def feed(model, cache, tokens, observe=True):
     kw = {"rift_observer": cache} if observe else {}
     with torch.no_grad():
         return model(ids, cache=cache, position_ids=pos, **kw).logits[0]
+
+
+def policy_of(name: str, budget: int | None = None, period: int = 8, **kw):
+    """A named policy (``rift_ada.policies``); ``period`` applies to rift-dyn only, so tests can loop over names."""
+    from rift_ada.policies import make_policy
+
+    return make_policy(name, None if name == "full" else budget, period=period if name == "rift-dyn" else None,
+                       controller="never" if name == "rift-ada" else None, **kw)
+
+
+def layout_of(name: str, budget: int | None = None, **kw):
+    """The cache layout of a named policy (tests that drive the cache themselves decide refreshes)."""
+    return policy_of(name, budget, **kw).layout
+
+
+@functools.lru_cache(maxsize=None)
+def _testbed_pair(drafter: str):
+    from rift_ada.models import load_pair
+
+    return load_pair("testbed", drafter)
+
+
+@functools.lru_cache(maxsize=None)
+def _train_prompts(prompts: int, input_tokens: int) -> tuple:
+    from rift_ada.data import build_tasks, encode_prompts
+
+    tok = _testbed_pair("self").tokenizer
+    tasks = build_tasks(tok, "low", n=prompts, input_tokens=input_tokens, seed=0, split="train")
+    return tuple(tuple(p) for p in encode_prompts(tok, tasks))
+
+
+def env_kw(budget: int = 128, input_tokens: int = 1024, prompts: int = 2, max_new_tokens: int = 40,
+           drafter: str = "self") -> dict:
+    """What a RefreshEnv is handed: a fresh decoder (self-speculation on the testbed, a RIFT layout; the models are
+    shared) and encoded training-split `low` prompts. Each env gets its own decoder: they hold decoding state."""
+    from rift_ada.layout import CacheLayout
+    from rift_ada.speculative import SpeculativeDecoder
+
+    pair = _testbed_pair(drafter)
+    dec = SpeculativeDecoder(pair.target, None if pair.self_speculative else pair.draft, CacheLayout("rift", budget),
+                             eos_token_id=pair.tokenizer.eos_token_id)
+    return dict(decoder=dec, prompts=_train_prompts(prompts, input_tokens), max_new_tokens=max_new_tokens)

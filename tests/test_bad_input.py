@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from controllers import LogisticController, PPOController, load_controller
-from controllers.ppo import build_mlp
+from rift_ada.refresh import LogisticController, PPOController, load_controller
+from rift_ada.refresh.ppo import build_mlp
 from rift_ada import lora, signals
 from rift_ada.cli import add_runtime_options, apply_runtime
 from rift_ada.data import load_jsonl, load_speedbench
@@ -92,7 +92,7 @@ def bad_controllers(tmp_path_factory):
              "string_weights.json": (json.dumps({**good_json, "weights": ["0.1"] * N}), "'weights'"),
              "string_bias.json": (json.dumps({**good_json, "bias": "0.5"}), "'bias' must be a finite number"),
              "period_zero.json": (json.dumps({"kind": "periodic", "signals": list(signals.NAMES), "period": 0}),
-                                  "'period' must be >= 1")}
+                                  "'period' must be in [1, 4096]")}
     for name, (text, phrase) in texts.items():
         if text is None:
             (d / name).write_bytes(b"\xff\xfe\x00\x81 binary")

@@ -4,10 +4,11 @@ from transformers import DynamicCache
 
 from rift_ada.attention import use_rift_attention
 from rift_ada.cache import RiftCache
-from rift_ada.policies import CachePolicy
+from rift_ada.layout import CacheLayout
+from rift_ada.policies import make_policy
 from rift_ada.scorers import SCORERS, SnapKVScorer, make_scorer, pool_scores, window_attention
 from rift_ada.selection import select_importance
-from tests.conftest import feed, random_model
+from tests.conftest import feed, layout_of, random_model
 
 
 # The smallest budget at which no forward below misses a token: 60 prompt tokens, then rounds of 3; the cache is
@@ -26,7 +27,7 @@ def test_tight_budget_holding_everything_equals_dense(arch, policy):
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, 128, (60,), generator=g).tolist()
     steps = torch.randint(0, 128, (12,), generator=g).tolist()
-    dense, rift = DynamicCache(config=model.config), RiftCache(2, CachePolicy(policy, period=4, **TIGHT[policy]))
+    dense, rift = DynamicCache(config=model.config), RiftCache(2, layout_of(policy, **TIGHT[policy]))
     torch.testing.assert_close(feed(model, rift, prompt), feed(model, dense, prompt, False), atol=1e-5, rtol=0)
     rift.compress()
     assert rift.active_tokens() == 60
@@ -35,7 +36,7 @@ def test_tight_budget_holding_everything_equals_dense(arch, policy):
         torch.testing.assert_close(out_r, out_d, atol=1e-5, rtol=0)
         if policy == "rift-dyn":
             rift.refresh()
-        rift.compact()
+        rift.rollback(0)
 
 
 def forward_at(model, cache, tokens, start):
@@ -56,8 +57,7 @@ def test_eviction_keeps_exactly_the_layout_positions(name):
     g = torch.Generator().manual_seed(4)
     prompt = torch.randint(0, 128, (60,), generator=g).tolist()
     steps = torch.randint(0, 128, (12,), generator=g).tolist()
-    policy = CachePolicy("window", budget=24) if name == "window" else CachePolicy("rift-stat", budget=24,
-                                                                                   scorer="keynorm")
+    policy = layout_of("window", 24) if name == "window" else layout_of("rift-stat", 24, scorer="keynorm")
     imp, window = (4, 20) if name == "window" else (12, 12)
     rift, dense = RiftCache(2, policy), DynamicCache(config=model.config)
     feed(model, rift, prompt)
@@ -87,7 +87,7 @@ def test_eviction_keeps_exactly_the_layout_positions(name):
         for li in range(2):  # the new tokens' keys, as computed on the compressed cache
             history[li] = [torch.cat([h, new[:, :, -3:]], 2) for h, new in
                            zip(history[li], (ref.layers[li].keys, ref.layers[li].values))]
-        rift.compact()
+        rift.rollback(0)
         length += 3
         assert rift.active_tokens() == 24
 
@@ -110,13 +110,13 @@ def test_prompt_shorter_than_the_budget_keeps_its_oldest_positions(name):
     plain sliding window that has evicted the sinks."""
     model = random_model("llama", init=0.02)
     use_rift_attention(model)
-    policy = CachePolicy(name, budget=72, scorer="keynorm")
+    policy = layout_of(name, 72, scorer="keynorm")
     rift = RiftCache(2, policy)
     feed(model, rift, list(range(1, 61)))
     rift.compress()
     for _ in range(20):
         feed(model, rift, [5])
-        rift.compact()
+        rift.rollback(0)
     imp = 4 if name == "window" else 36
     pos = rift.layers[0].active_positions()[0, 0]
     assert rift.active_tokens() == 72
@@ -140,7 +140,7 @@ def test_active_cache_is_bounded_and_rollback_is_exact():
     use_rift_attention(model)
     g = torch.Generator().manual_seed(2)
     prompt = torch.randint(0, 128, (200,), generator=g).tolist()
-    pol = CachePolicy("rift-dyn", budget=64, period=8)
+    pol = layout_of("rift-dyn", 64)
     a, b = RiftCache(2, pol), RiftCache(2, pol)
     feed(model, a, prompt)
     feed(model, b, prompt)
@@ -158,7 +158,7 @@ def test_active_cache_is_bounded_and_rollback_is_exact():
         assert torch.equal(la.active_positions(), lb.active_positions())
         assert torch.equal(la.query_pos, lb.query_pos) and la.query_pos.max() == 201
         torch.testing.assert_close(la.queries, lb.queries, atol=1e-6, rtol=0)
-    a.compact()
+    a.rollback(0)
     assert a.active_tokens() == 64
     with pytest.raises(RuntimeError, match="cannot roll back"):
         a.crop(-40)  # past the tail: those tokens were evicted
@@ -168,7 +168,7 @@ def test_per_head_selection_and_refresh_reaches_generated_tokens():
     model = random_model("llama", init=0.05)
     use_rift_attention(model)
     g = torch.Generator().manual_seed(3)
-    cache = RiftCache(2, CachePolicy("rift-dyn", budget=48, period=8))
+    cache = RiftCache(2, layout_of("rift-dyn", 48))
     feed(model, cache, torch.randint(0, 128, (150,), generator=g).tolist())
     cache.compress()
     layer = cache.layers[0]
@@ -178,7 +178,7 @@ def test_per_head_selection_and_refresh_reaches_generated_tokens():
     assert not torch.equal(pos[0, 0, :24], pos[0, 1, :24]), "KV heads select independently"
     for t in torch.randint(0, 128, (100,), generator=g).tolist():
         feed(model, cache, [t])
-        cache.compact()
+        cache.rollback(0)
     before = layer.active_positions()
     assert before[0, 0, :24].max() < 150, "rift-stat style: selection stays on the prompt"
     cache.refresh()
@@ -227,18 +227,37 @@ def test_lookahead_extends_scores_forward_only():
     torch.testing.assert_close(extend_forward(s, 0), s)
 
 
-def test_policy_errors():
+def test_policy_and_layout_errors():
     with pytest.raises(ValueError, match="unknown policy"):
-        CachePolicy("lru", budget=10)
+        make_policy("lru", budget=10)
+    with pytest.raises(ValueError, match="unknown cache layout"):
+        CacheLayout("lru", budget=10)
     with pytest.raises(ValueError, match="needs a budget"):
-        CachePolicy("rift-stat")
+        make_policy("rift-stat")
     with pytest.raises(ValueError, match="sliding window"):
-        CachePolicy("rift-stat", budget=10, window=20)
+        make_policy("rift-stat", budget=10, window=20)
     with pytest.raises(ValueError, match="attention sinks"):
-        CachePolicy("window", budget=3)
+        make_policy("window", budget=3)
     with pytest.raises(ValueError, match="period"):
-        CachePolicy("rift-dyn", budget=64)
+        make_policy("rift-dyn", budget=64)
+    with pytest.raises(ValueError, match="only applies to --policy rift-dyn"):
+        make_policy("rift-stat", budget=64, period=8)
+    with pytest.raises(ValueError, match="needs --controller"):
+        make_policy("rift-ada", budget=64)
+    with pytest.raises(ValueError, match="periodic:N"):
+        make_policy("rift-ada", budget=64, controller="periodic:x")
     with pytest.raises(ValueError, match="unknown scorer"):
-        CachePolicy("rift-stat", budget=64, scorer="h2o")
+        make_policy("rift-stat", budget=64, scorer="h2o")
     with pytest.raises(RuntimeError, match="cannot refresh"):
-        RiftCache(1, CachePolicy("rift-stat", budget=64)).refresh()
+        RiftCache(1, layout_of("rift-stat", 64)).refresh()
+
+
+def test_layout_split_is_integer_and_frozen():
+    lay = CacheLayout("rift", budget=101, window_fraction=0.3)
+    assert (lay.n_imp, lay.tail_keep, lay.tail_limit) == (71, 30, 30)
+    assert CacheLayout("rift", budget=64, window=10).n_imp == 54
+    assert (CacheLayout("window", budget=64).n_imp, CacheLayout("window", budget=64).tail_keep) == (4, 60)
+    assert CacheLayout("snapkv", budget=64).tail_limit is None and not CacheLayout("full").compress
+    with pytest.raises(Exception):
+        lay.budget = 5  # frozen: the cache's layout cannot change under it
+    assert make_policy("rift-dyn", 64, period=8).layout == make_policy("rift-ada", 64, controller="periodic:8").layout

@@ -1,4 +1,3 @@
-import json
 
 import pytest
 import torch
@@ -6,9 +5,9 @@ import torch
 from rift_ada import lora
 from rift_ada.attention import use_rift_attention
 from rift_ada.cache import RiftCache
-from rift_ada.policies import CachePolicy
-from tests.conftest import feed, random_model
-from trainers import compressibility as C
+from rift_ada.layout import CacheLayout
+from tests.conftest import feed, layout_of, random_model
+from rift_ada.trainers import compressibility as C
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -19,8 +18,7 @@ def test_training_masks_reproduce_the_compressed_cache(arch, policy):
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, 128, (120,), generator=g).tolist()
     cont = torch.randint(0, 128, (40,), generator=g).tolist()
-    pol = CachePolicy(policy, budget=40, window=12, period=10, obs_window=8)
-    cache = RiftCache(model.config.num_hidden_layers, pol)
+    cache = RiftCache(model.config.num_hidden_layers, layout_of(policy, 40, window=12, obs_window=8))
     feed(model, cache, prompt)
     cache.compress()
     sels = [[(len(prompt), layer.imp_pos.clone())] for layer in cache.layers]
@@ -31,7 +29,7 @@ def test_training_masks_reproduce_the_compressed_cache(arch, policy):
             for s, layer in zip(sels, cache.layers):
                 s.append((len(prompt) + i, layer.imp_pos.clone()))
         logits.append(feed(model, cache, [tok])[-1])
-        cache.compact()
+        cache.rollback(0)
     if policy == "rift-dyn":
         assert any(not torch.equal(s[0][1], s[-1][1]) for s in sels), "the refreshes changed the selection"
     ids = torch.tensor([prompt + cont])
@@ -47,11 +45,11 @@ def test_dense_selection_matches_inference_prefill_selection():
     use_rift_attention(model)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 128, (1, 150), generator=g)
-    spec = C.SparseSpec(budget=40, window=12, obs_window=8)
-    cache = RiftCache(2, CachePolicy("rift-stat", budget=40, window=12, obs_window=8))
+    layout = CacheLayout("rift", budget=40, window=12, obs_window=8, store=False)
+    cache = RiftCache(2, layout)  # the very object the trainer's masks are built from
     feed(model, cache, ids[0, :110].tolist())
     cache.compress()
-    sels = C.selections(C.dense_capture(model, ids), 110, 150, spec)
+    sels = C.selections(C.dense_capture(model, ids), 110, 150, layout)
     for layer, s in zip(cache.layers, sels):
         assert len(s) == 1 and torch.equal(layer.imp_pos, s[0][1])
 
@@ -67,9 +65,9 @@ def test_bad_inputs(tmp_path):
     import random
 
     with pytest.raises(ValueError, match="ratio range"):
-        C.sample_spec(100, (0.0, 0.5), random.Random(0))
+        C.sample_layout(100, (0.0, 0.5), random.Random(0))
     with pytest.raises(ValueError, match="ratio range"):
-        C.sample_spec(100, (0.2, 1.5), random.Random(0))
+        C.sample_layout(100, (0.2, 1.5), random.Random(0))
     with pytest.raises(FileNotFoundError, match="no target outputs"):
         C.load_target_outputs(tmp_path)
     base, other = random_model("llama", seed=0), random_model("llama", seed=1)

@@ -6,12 +6,16 @@ import sys
 import numpy as np
 import pytest
 
-from controllers import (LogisticController, NeverController, PeriodicController, PPOController,
-                         ThresholdController, load_controller)
-from envs import RefreshEnv
 from rift_ada import signals
+from rift_ada.controllers import fit_logistic
+from rift_ada.envs import RefreshEnv
+from rift_ada.refresh import (NeverController, PeriodicController, PPOController, ThresholdController,
+                              load_controller, parse_controller)
+from tests.conftest import env_kw
 
-ENV_KW = dict(budget=128, input_tokens=1024, prompts=3, max_new_tokens=48)
+
+def ENV_KW():  # a fresh decoder per environment
+    return env_kw(budget=128, input_tokens=1024, prompts=3, max_new_tokens=48)
 
 
 def obs_with(**values):
@@ -43,13 +47,17 @@ def test_rule_controllers_and_roundtrip(tmp_path):
         ThresholdController([("entropy", ">", 1)])
     with pytest.raises(ValueError, match="signals"):
         p.decide(np.zeros(3))
+    assert parse_controller("periodic:64") == p and isinstance(parse_controller("never"), NeverController)
+    assert parse_controller(str(tmp_path / "threshold.json")) == t
+    with pytest.raises(ValueError, match="between 1 and 4096"):
+        PeriodicController(5000)  # beyond the since_refresh signal's range: it could never fire
 
 
 @pytest.fixture(scope="module")
 def counterfactual_data():
-    from trainers.counterfactual import collect
+    from rift_ada.trainers.counterfactual import collect
 
-    env = RefreshEnv(**ENV_KW)
+    env = RefreshEnv(**ENV_KW())
     return collect(env.decoder, env.prompts, 64, horizon=3, every=1, progress=False)
 
 
@@ -59,7 +67,7 @@ def test_logistic_export_parity(counterfactual_data, tmp_path):
     y = data.labels(margin=0.0)
     if len(np.unique(y)) < 2:  # make both classes present (a real, if arbitrary, split of the real states)
         y = (data.X[:, signals.index("since_refresh")] > np.median(data.X[:, signals.index("since_refresh")])).astype(int)
-    ctrl = LogisticController.fit(data.X, y, threshold=0.4)
+    ctrl = fit_logistic(data.X, y, threshold=0.4)
     xs = np.concatenate([box_samples(10_000), data.X])
     p_sk = ctrl.sklearn_model.predict_proba(xs)[:, 1]
     ours = np.array([ctrl.probability(x) for x in xs])
@@ -72,10 +80,10 @@ def test_logistic_export_parity(counterfactual_data, tmp_path):
 
 @pytest.fixture(scope="module")
 def trained_ppo():
-    from trainers.ppo import export_ppo, train_ppo
+    from rift_ada.trainers.ppo import export_ppo, train_ppo
 
     # Refreshing is free (lam 0): a policy that learned anything refreshes where it helps.
-    env_fns = [lambda: RefreshEnv(lam=0.0, **ENV_KW)]
+    env_fns = [lambda: RefreshEnv(lam=0.0, **ENV_KW())]
     model, venv = train_ppo(env_fns, timesteps=768, seed=0, n_steps=128, learning_rate=1e-3)
     return model, venv, export_ppo(model, venv, lam=0.0)
 
@@ -110,11 +118,11 @@ def test_ppo_learned_when_refreshing_pays(trained_ppo):
     _, _, ctrl = trained_ppo
     # At zero cost refreshing every round is the most a controller can accept: PPO must match it (within 1 token
     # per prompt; refreshing at random half the time falls 5 tokens short here, never-refreshing 45).
-    free = RefreshEnv(lam=0.0, **ENV_KW)
+    free = RefreshEnv(lam=0.0, **ENV_KW())
     ppo, always = (sum(episode_reward(free, c, 0, i) for i in range(3)) for c in (ctrl, AlwaysRefresh()))
     assert ppo >= always - 3, (ppo, always)
     # At a positive cost (lam 1: 2 tokens per refresh) its refreshes must still pay for themselves.
-    costly = RefreshEnv(lam=1.0, **ENV_KW)
+    costly = RefreshEnv(lam=1.0, **ENV_KW())
     ppo, never = (sum(episode_reward(costly, c, 0, i) for i in range(3)) for c in (ctrl, NeverController()))
     assert ppo > never, (ppo, never)
 
@@ -132,7 +140,7 @@ def test_exported_controller_drives_decoding_without_training_libraries(trained_
     _, _, ppo = trained_ppo
     ppo.save(tmp_path / "c.pt")
     y = (np.arange(len(counterfactual_data.X)) % 2).astype(int)
-    LogisticController.fit(counterfactual_data.X, y).save(tmp_path / "c.json")
+    fit_logistic(counterfactual_data.X, y).save(tmp_path / "c.json")
     for f in ("c.pt", "c.json"):
         code = (
             "import sys\n"

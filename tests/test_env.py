@@ -4,23 +4,24 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import envs
-from envs import RefreshEnv
+import rift_ada.envs as envs
+from rift_ada.envs import RefreshEnv
 from rift_ada import signals
+from tests.conftest import env_kw
 
-KW = dict(budget=128, input_tokens=1024, prompts=2, max_new_tokens=40)
+MAX_NEW = 40
 
 
 @pytest.fixture(scope="module")
 def env():
-    return RefreshEnv(**KW)
+    return RefreshEnv(**env_kw(max_new_tokens=MAX_NEW))
 
 
 def test_checkers_pass_without_warnings():
     from gymnasium.utils.env_checker import check_env as gym_check
     from stable_baselines3.common.env_checker import check_env as sb3_check
 
-    env = gym.make(envs.ENV_ID, **KW).unwrapped  # made through the registry, so it has a spec
+    env = gym.make(envs.ENV_ID, **env_kw(max_new_tokens=MAX_NEW)).unwrapped  # made through the registry, so it has a spec
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         gym_check(env)
@@ -28,7 +29,7 @@ def test_checkers_pass_without_warnings():
 
 
 def test_registered_and_spaces():
-    e = gym.make(envs.ENV_ID, **KW)
+    e = gym.make(envs.ENV_ID, **env_kw(max_new_tokens=MAX_NEW))
     obs, info = e.reset(seed=0)
     assert e.observation_space.contains(obs) and obs.shape == (len(signals.NAMES),)
     assert e.action_space == gym.spaces.Discrete(2)
@@ -55,11 +56,11 @@ def test_same_seed_same_trajectory(env):
     a, ra, ia = rollout(env, 5, act)
     b, rb, ib = rollout(env, 5, act)
     assert np.array_equal(a, b) and ra == rb and ia == ib
-    assert ia["generated_tokens"] == KW["max_new_tokens"]
+    assert ia["generated_tokens"] == MAX_NEW
 
 
 def test_reward_charges_refreshes():
-    env = RefreshEnv(lam=2.0, refresh_cost=3.0, **KW)
+    env = RefreshEnv(lam=2.0, refresh_cost=3.0, **env_kw(max_new_tokens=MAX_NEW))
     env.reset(seed=0, options={"prompt_index": 1})
     _, r, *_, info = env.step(1)
     assert r == info["accepted"] - 6.0 and env.prompt_index == 1
@@ -67,3 +68,12 @@ def test_reward_charges_refreshes():
         env.step(2)
     with pytest.raises(ValueError, match="out of range"):
         env.reset(options={"prompt_index": 7})
+
+
+def test_refuses_a_decoder_that_cannot_refresh():
+    from rift_ada.layout import CacheLayout
+
+    kw = env_kw()
+    kw["decoder"].layout = CacheLayout("rift", 128, store=False)
+    with pytest.raises(ValueError, match="cannot refresh"):
+        RefreshEnv(**kw)

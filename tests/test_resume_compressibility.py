@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import random_model
-from trainers import compressibility as C
+from rift_ada.trainers import compressibility as C
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "train_compressibility.py"

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from trainers.state import open_state
-from trainers.wandb_logging import ResumableRun
+from rift_ada.trainers.state import open_state
+from rift_ada.trainers.wandb_logging import ResumableRun
 
 
 def test_a_previous_run_is_refused_resumed_with_its_settings_or_overwritten(tmp_path):

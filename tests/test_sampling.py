@@ -18,7 +18,7 @@ import pytest
 import torch
 from scipy.stats import chi2  # scipy comes with scikit-learn, a dependency
 
-from rift_ada.policies import CachePolicy
+from rift_ada.policies import make_policy
 from rift_ada.speculative import SpeculativeDecoder
 from tests.conftest import random_model
 
@@ -81,18 +81,18 @@ def models():
     return target, draft, prompt
 
 
-def sample_sequences(dec: SpeculativeDecoder, prompt: list[int], n: int) -> collections.Counter:
+def sample_sequences(dec: SpeculativeDecoder, prompt: list[int], n: int, controller) -> collections.Counter:
     counts = collections.Counter()
     for seed in range(n):
         dec.seed = seed
-        counts[tuple(dec.generate(prompt, NEW_TOKENS).tokens)] += 1
+        counts[tuple(dec.generate(prompt, NEW_TOKENS, controller).tokens)] += 1
     return counts
 
 
 # rift-dyn with budget 12 on a 24-token prompt compresses the draft's cache and refreshes it before the second round.
 CONFIGS = {
-    "full-top_p=1": (CachePolicy("full"), 1.0),
-    "rift-dyn-top_p=0.8": (CachePolicy("rift-dyn", budget=12, period=1, obs_window=8), 0.8),
+    "full-top_p=1": (make_policy("full"), 1.0),
+    "rift-dyn-top_p=0.8": (make_policy("rift-dyn", budget=12, period=1, obs_window=8), 0.8),
 }
 
 
@@ -105,8 +105,8 @@ def test_joint_distribution_of_sequences_matches_target(config):
     assert abs(sum(dist.values()) - 1) < 1e-9
     assert margin > 1e-3, "a cumulative mass lies at top_p: rounding could move the cut; pick another prompt"
 
-    dec = SpeculativeDecoder(target, draft, policy, draft_length=K, temperature=1.0, top_p=top_p)
-    counts = sample_sequences(dec, prompt, SAMPLES)
+    dec = SpeculativeDecoder(target, draft, policy.layout, draft_length=K, temperature=1.0, top_p=top_p)
+    counts = sample_sequences(dec, prompt, SAMPLES, policy.controller)
     impossible = {s: c for s, c in counts.items() if dist.get(s, 0.0) == 0.0}
     assert not impossible, f"sequences the target never samples (outside top-p): {impossible}"
     stat, dof = chi_square(counts, dist, SAMPLES)
@@ -119,11 +119,11 @@ def test_setting_exercises_every_branch(config):
     """The sampled runs above reach every branch of the acceptance rule (else the test would prove little)."""
     policy, top_p = CONFIGS[config]
     target, draft, prompt = models()
-    dec = SpeculativeDecoder(target, draft, policy, draft_length=K, temperature=1.0, top_p=top_p)
+    dec = SpeculativeDecoder(target, draft, policy.layout, draft_length=K, temperature=1.0, top_p=top_p)
     first_round, refreshed = collections.Counter(), 0
     for seed in range(200):
         dec.seed = seed
-        res = dec.generate(prompt, NEW_TOKENS)
+        res = dec.generate(prompt, NEW_TOKENS, policy.controller)
         first_round[res.rounds[0].accepted] += 1
         refreshed += res.refreshes
     # Rejection at the first and at the second draft, and k acceptances (bonus token), each in >= 5% of runs.

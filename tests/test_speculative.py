@@ -2,16 +2,30 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from rift_ada import signals
 from rift_ada.data import build_tasks, encode
-from rift_ada.policies import POLICIES, CachePolicy
+from rift_ada.layout import CacheLayout
+from rift_ada.models import greedy_reference
+from rift_ada.policies import POLICIES, make_policy
 from rift_ada.scorers import SCORERS
 from rift_ada.speculative import SpeculativeDecoder
-from rift_ada.testbed.check import greedy_continuation
 from tests.conftest import random_model
 
 
+class EveryOtherRound:
+    """A controller that refreshes before every second round (it counts its own calls)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def decide(self, observation):
+        self.calls += 1
+        return self.calls % 2 == 1
+
+
 def policy(name, scorer="snapkv", budget=96):
-    return CachePolicy(name, budget=None if name == "full" else budget, period=8, scorer=scorer, obs_window=16)
+    return make_policy(name, budget=None if name == "full" else budget, period=8 if name == "rift-dyn" else None,
+                       controller=EveryOtherRound() if name == "rift-ada" else None, scorer=scorer, obs_window=16)
 
 
 @pytest.fixture(scope="module")
@@ -22,11 +36,12 @@ def testbed_prompt(tokenizer):
 @pytest.mark.parametrize("name", POLICIES)
 @pytest.mark.parametrize("drafter", ["self", "external"])
 def test_greedy_equals_target_generate_testbed_policies(name, drafter, testbed_target, testbed_draft, testbed_prompt):
-    reference = greedy_continuation(testbed_target, testbed_prompt, 40)
+    reference = greedy_reference(testbed_target, testbed_prompt, 40)
     draft = None if drafter == "self" else testbed_draft
-    dec = SpeculativeDecoder(testbed_target, draft, policy(name, budget=256), draft_length=11)
-    decide = (lambda d: len(d.result.rounds) % 2 == 0) if name == "rift-ada" else None
-    res = dec.generate(testbed_prompt, 40, decide)
+    pol = policy(name, budget=256)
+    dec = SpeculativeDecoder(testbed_target, draft, pol.layout, draft_length=11)
+    res = dec.generate(testbed_prompt, 40, pol.controller)
+    assert res.refreshes > 0 if name in ("rift-dyn", "rift-ada") else res.refreshes == 0
     assert res.tokens == reference
     # What the layout must hold after the last round (the prompt, 1024 tokens, exceeds the budget of 256):
     fed = dec.dcache.length  # tokens the draft has seen
@@ -41,10 +56,11 @@ def test_greedy_equals_target_generate_testbed_policies(name, drafter, testbed_t
 
 @pytest.mark.parametrize("scorer", list(SCORERS))
 def test_greedy_equals_target_generate_testbed_scorers(scorer, testbed_target, testbed_draft, testbed_prompt):
-    reference = greedy_continuation(testbed_target, testbed_prompt, 40)
+    reference = greedy_reference(testbed_target, testbed_prompt, 40)
+    pol = policy("rift-dyn", scorer, budget=128)
     for draft in (None, testbed_draft):
-        dec = SpeculativeDecoder(testbed_target, draft, policy("rift-dyn", scorer, budget=128), draft_length=11)
-        assert dec.generate(testbed_prompt, 40).tokens == reference
+        dec = SpeculativeDecoder(testbed_target, draft, pol.layout, draft_length=11)
+        assert dec.generate(testbed_prompt, 40, pol.controller).tokens == reference
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -53,19 +69,21 @@ def test_greedy_equals_target_generate_random_models(arch, name):
     target = random_model(arch, seed=0)
     draft = random_model(arch, layers=1, seed=1)
     prompt = torch.randint(0, 128, (150,), generator=torch.Generator().manual_seed(0)).tolist()
-    reference = greedy_continuation(target, prompt, 48)
+    reference = greedy_reference(target, prompt, 48)
+    pol = policy(name, budget=64)
     for d in (None, draft):
         for k in (1, 4, 11):
-            res = SpeculativeDecoder(target, d, policy(name, budget=64), draft_length=k).generate(prompt, 48)
+            res = SpeculativeDecoder(target, d, pol.layout, draft_length=k).generate(prompt, 48, pol.controller)
             assert res.tokens == reference, (d is None, k)
 
 
 def test_rollback_leaves_caches_as_if_never_fed(testbed_target, testbed_draft, testbed_prompt):
     # Budget 64: the draft errs often, so rounds end in every way (all accepted, some fed drafts rejected, none).
-    dec = SpeculativeDecoder(testbed_target, testbed_draft, policy("rift-dyn", budget=64), draft_length=11)
+    pol = policy("rift-dyn", budget=64)
+    dec = SpeculativeDecoder(testbed_target, testbed_draft, pol.layout, draft_length=11)
     dec.reset(testbed_prompt, 64)
     while not dec.done:
-        dec.step()
+        dec.step(pol.controller.decide(signals.observe(dec.state)))
         seen = testbed_prompt + dec.result.tokens
         assert dec.tcache.get_seq_length() == len(seen) - 1
         assert dec.dcache.length == len(seen) - len(dec._d_pending)
@@ -92,7 +110,7 @@ def test_rollback_leaves_caches_as_if_never_fed(testbed_target, testbed_draft, t
 
 def test_draft_equal_to_target_accepts_everything_when_sampling():
     target = random_model("llama", seed=0)
-    dec = SpeculativeDecoder(target, None, CachePolicy("full"), draft_length=5, temperature=0.8, seed=3)
+    dec = SpeculativeDecoder(target, None, CacheLayout("full"), draft_length=5, temperature=0.8, seed=3)
     res = dec.generate(list(range(30)), 31)
     assert all(r.accepted == r.draft_length for r in res.rounds)
     assert len(res.tokens) == 31
@@ -101,12 +119,12 @@ def test_draft_equal_to_target_accepts_everything_when_sampling():
 def test_eos_and_max_new_tokens():
     target = random_model("llama", seed=0)
     prompt = list(range(20))
-    ref = greedy_continuation(target, prompt, 30)
+    ref = greedy_reference(target, prompt, 30)
     eos = ref[7]
-    res = SpeculativeDecoder(target, None, CachePolicy("full"), eos_token_id=eos).generate(prompt, 30)
+    res = SpeculativeDecoder(target, None, CacheLayout("full"), eos_token_id=eos).generate(prompt, 30)
     assert res.tokens == ref[: ref.index(eos) + 1]
     for m in (1, 2, 13):
-        assert SpeculativeDecoder(target, None, CachePolicy("full")).generate(prompt, m).tokens == ref[:m]
+        assert SpeculativeDecoder(target, None, CacheLayout("full")).generate(prompt, m).tokens == ref[:m]
 
 
 def test_bad_input():

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from rift_ada.data import build_tasks, encode
-from rift_ada.testbed.check import copy_accuracy, greedy_continuation, run_check
+from rift_ada.models import greedy_reference
+from rift_ada.testbed.check import copy_accuracy, run_check
 from tests.conftest import random_model
 
 ENV = dict(os.environ, HF_HUB_OFFLINE="1")
@@ -45,12 +46,12 @@ def test_check_scores_the_draft_it_is_given(tokenizer, testbed_target, testbed_d
     ids = torch.tensor([prompt + ref[:n]])
     with torch.no_grad():
         target_top1 = testbed_target(ids).logits[0, len(prompt) - 1:-1].argmax(-1)
-    target_acc = copy_accuracy(greedy_continuation(testbed_target, prompt, n), ref, n)
+    target_acc = copy_accuracy(greedy_reference(testbed_target, prompt, n), ref, n)
     res = {}
     for name, draft in (("testbed", testbed_draft), ("random", noise)):
         res[name] = run_check(testbed_target, draft, tokenizer, tasks, new_tokens=n, progress=False)
         assert res[name]["target_copy_accuracy"] == target_acc
-        assert res[name]["draft_copy_accuracy"] == copy_accuracy(greedy_continuation(draft, prompt, n), ref, n)
+        assert res[name]["draft_copy_accuracy"] == copy_accuracy(greedy_reference(draft, prompt, n), ref, n)
         with torch.no_grad():
             draft_top1 = draft(ids).logits[0, len(prompt) - 1:-1].argmax(-1)
         assert res[name]["draft_agreement"] == pytest.approx((draft_top1 == target_top1).float().mean().item())

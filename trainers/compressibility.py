@@ -27,14 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from rift_ada.attention import use_rift_attention
 from rift_ada.cache import RiftCache
-from rift_ada.policies import CachePolicy
-from rift_ada.selection import select_importance
-from trainers.state import atomic_write, write_json
+from rift_ada.layout import CacheLayout
+from rift_ada.selection import observation_window, select_importance
+from rift_ada.trainers.state import atomic_write, write_json
 
 FORMAT = "rift-ada/target-logits-v1"
 
@@ -105,31 +104,15 @@ def load_target_outputs(folder: str | Path, vocab_size: int | None = None) -> tu
 
 
 # --- 2./3. selections and masks -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SparseSpec:
-    """What the draft's cache keeps for one sample: integer budget, window, and the refresh period (None: stat)."""
-
-    budget: int
-    window: int
-    obs_window: int = 32
-    scorer: str = "snapkv"
-    period: int | None = None
-    lookahead: int = CachePolicy.lookahead
-
-    @property
-    def n_imp(self) -> int:
-        return self.budget - self.window
-
-
-def sample_spec(prompt_len: int, ratio_range: tuple[float, float], rng: random.Random, window_fraction: float = 0.5,
-                obs_window: int = 32, scorer: str = "snapkv", period: int | None = None,
-                lookahead: int = CachePolicy.lookahead) -> SparseSpec:
+def sample_layout(prompt_len: int, ratio_range: tuple[float, float], rng: random.Random, window_fraction: float = 0.5,
+                  obs_window: int = 32, scorer: str = "snapkv", lookahead: int = 64) -> CacheLayout:
+    """The RIFT layout of one training sample: its budget drawn as a share of the prompt, split as at inference."""
     lo, hi = ratio_range
     if not 0 < lo <= hi <= 1:
         raise ValueError(f"compression ratio range must satisfy 0 < low <= high <= 1, got {ratio_range}")
     budget = max(2, round(rng.uniform(lo, hi) * prompt_len))
-    window = min(budget, max(1, round(budget * window_fraction)))
-    return SparseSpec(budget, window, obs_window, scorer, period, lookahead)
+    return CacheLayout("rift", budget=budget, window_fraction=window_fraction, obs_window=obs_window, scorer=scorer,
+                       lookahead=lookahead)
 
 
 @torch.no_grad()
@@ -137,24 +120,26 @@ def dense_capture(model, ids: torch.Tensor) -> RiftCache:
     """One dense forward that records every layer's post-RoPE keys and queries (capacity for all positions)."""
     use_rift_attention(model)
     n = ids.shape[1]
-    cache = RiftCache(model.config.num_hidden_layers, CachePolicy("full"), extra_queries=n)
+    cache = RiftCache(model.config.num_hidden_layers, CacheLayout("full"), extra_queries=n)
     model(ids, cache=cache, position_ids=torch.arange(n, device=ids.device)[None], rift_observer=cache,
           logits_to_keep=1)
     return cache
 
 
-def selections(cache: RiftCache, prompt_len: int, total_len: int, spec: SparseSpec) -> list[list[tuple[int, torch.Tensor]]]:
+def selections(cache: RiftCache, prompt_len: int, total_len: int, layout: CacheLayout,
+               period: int | None = None) -> list[list[tuple[int, torch.Tensor]]]:
     """Per layer: [(start, positions (batch, kv_heads, n))] with the selection made at ``start`` (the prompt end,
-    then every ``period`` tokens for RIFT-dyn), through the same function the inference cache uses."""
-    scorer = CachePolicy("rift-dyn", budget=spec.budget, window=spec.window, period=1, scorer=spec.scorer,
-                         obs_window=spec.obs_window, lookahead=spec.lookahead).make_scorer()  # as at inference
+    then every ``period`` tokens for RIFT-dyn), through the same layout and function the inference cache uses."""
+    scorer = layout.make_scorer()
     starts = [prompt_len]
-    if spec.period:
-        starts += list(range(prompt_len + spec.period, total_len, spec.period))
+    if period:
+        starts += list(range(prompt_len + period, total_len, period))
     out = []
     for layer in cache.layers:
-        out.append([(s, select_importance(scorer, layer.keys, s, spec.n_imp, spec.window, layer.queries[:, :, :s],
-                                          layer.query_pos[:s], spec.obs_window)) for s in starts])
+        out.append([(s, select_importance(scorer, layer.keys, s, layout.n_imp, layout.tail_keep,
+                                          *observation_window(layer.queries[:, :, :s], layer.query_pos[:s],
+                                                              layout.obs_window)))
+                    for s in starts])
     return out
 
 
@@ -199,14 +184,15 @@ def masked_logits(model, ids: torch.Tensor, masks: list[torch.Tensor], prompt_le
     return out.logits[0, prompt_len - 1:n - 1]
 
 
-def sample_loss(model, sample: dict, spec: SparseSpec) -> torch.Tensor:
+def sample_loss(model, sample: dict, layout: CacheLayout, period: int | None = None) -> torch.Tensor:
     """One sample: frozen dense scoring pass (adapters off), masks, masked pass (adapters on), top-k KL."""
     device = next(model.parameters()).device
     ids = torch.cat([sample["prompt_ids"], sample["continuation_ids"]]).to(device)[None]
     p = len(sample["prompt_ids"])
     with model.disable_adapter():
         cache = dense_capture(model, ids)
-    masks = build_masks(ids.shape[1], p, selections(cache, p, ids.shape[1], spec), spec.window, device)
+    masks = build_masks(ids.shape[1], p, selections(cache, p, ids.shape[1], layout, period), layout.tail_keep,
+                        device)
     logits = masked_logits(model, ids, masks, p)
     return topk_kl(logits, sample["topk_ids"].to(device), sample["topk_logprobs"].to(device))
 
@@ -237,7 +223,7 @@ class TrainConfig:
     window_fraction: float = 0.5
     obs_window: int = 32
     scorer: str = "snapkv"
-    lookahead: int = CachePolicy.lookahead
+    lookahead: int = 64
     dyn_share: float = 0.5  # share of samples trained with RIFT-dyn re-selection
     period: int = 32
     checkpoint_every: int = 25
@@ -283,9 +269,9 @@ def train(model, samples: list[dict], cfg: TrainConfig, output_dir: str | Path, 
             sample = samples[sample_order(len(samples), cfg.seed, index)]
             rng = random.Random(f"{cfg.seed}/spec/{index}")
             dyn = rng.random() < cfg.dyn_share
-            spec = sample_spec(len(sample["prompt_ids"]), cfg.ratio_range, rng, cfg.window_fraction, cfg.obs_window,
-                               cfg.scorer, cfg.period if dyn else None, cfg.lookahead)
-            loss = sample_loss(model, sample, spec) / cfg.grad_accum
+            layout = sample_layout(len(sample["prompt_ids"]), cfg.ratio_range, rng, cfg.window_fraction,
+                                   cfg.obs_window, cfg.scorer, cfg.lookahead)
+            loss = sample_loss(model, sample, layout, cfg.period if dyn else None) / cfg.grad_accum
             loss.backward()
             total += loss.item()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -14,6 +14,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from rift_ada import signals
+from rift_ada.refresh import PeriodicController
 
 
 @dataclass
@@ -47,6 +48,7 @@ def collect_prompt(decoder, ids: list[int], max_new_tokens: int, period: int, ho
     """One prompt's (observations, gains): a unit of work that depends only on its arguments (``decoder.reset``
     reseeds the decoder), so jobs can store it and resume between prompts."""
     X, gains = [], []
+    behaviour = PeriodicController(period)
     decoder.reset(ids, max_new_tokens)
     r, labelled, next_pos = 0, 0, 0
     spacing = max_new_tokens / per_prompt if per_prompt else 0
@@ -55,11 +57,11 @@ def collect_prompt(decoder, ids: list[int], max_new_tokens: int, period: int, ho
         if r % every == 0 and decoder.tokens_since_refresh > 0 and pos >= next_pos:
             labelled += 1
             next_pos = labelled * spacing
-            obs = signals.observe(decoder)
+            obs = signals.observe(decoder.state)
             gain = _mean_accepted(decoder.fork(), True, horizon) - _mean_accepted(decoder.fork(), False, horizon)
             X.append(obs)
             gains.append(gain)
-        decoder.step(decoder.tokens_since_refresh >= period)
+        decoder.step(behaviour.decide(signals.observe(decoder.state)))
         r += 1
     return (np.asarray(X, dtype=np.float32).reshape(-1, len(signals.NAMES)), np.asarray(gains, dtype=np.float64))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from controllers.ppo import PPOController, build_mlp
+from rift_ada.refresh.ppo import PPOController, build_mlp
 
 
 def make_vec_env(env_fns, norm_reward: bool = True):

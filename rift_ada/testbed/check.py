@@ -8,7 +8,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data.tasks import FILE_HEADER, Task, encode
-from ..models import check_vocab
+from ..models import check_vocab, greedy_reference
 
 
 def check_fits(model, n_tokens: int, what: str = "prompt + generation") -> None:
@@ -16,16 +16,6 @@ def check_fits(model, n_tokens: int, what: str = "prompt + generation") -> None:
     if limit is not None and n_tokens > limit:
         raise ValueError(f"{what} needs {n_tokens} positions but the model's context is {limit} tokens; "
                          "use shorter prompts or fewer new tokens")
-
-
-@torch.inference_mode()
-def greedy_continuation(model, prompt_ids: list[int], new_tokens: int, eos_token_id: int | None = None) -> list[int]:
-    """The model's own greedy output via HF ``generate`` (the reference every speculative run must reproduce)."""
-    ids = torch.tensor([prompt_ids], device=model.device)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
-                         eos_token_id=eos_token_id, pad_token_id=eos_token_id if eos_token_id is not None else 0,
-                         top_p=None, top_k=None, temperature=None)
-    return out[0, len(prompt_ids):].tolist()
 
 
 def copy_accuracy(generated: list[int], reference: list[int], n: int) -> float:
@@ -59,8 +49,8 @@ def run_check(target, draft, tokenizer, tasks: list[Task], new_tokens: int = 256
         rows.append({
             "task_id": task.task_id,
             "prompt_tokens": len(prompt),
-            "target_copy_accuracy": copy_accuracy(greedy_continuation(target, prompt, new_tokens), ref, new_tokens),
-            "draft_copy_accuracy": copy_accuracy(greedy_continuation(draft, prompt, new_tokens), ref, new_tokens),
+            "target_copy_accuracy": copy_accuracy(greedy_reference(target, prompt, new_tokens), ref, new_tokens),
+            "draft_copy_accuracy": copy_accuracy(greedy_reference(draft, prompt, new_tokens), ref, new_tokens),
             "draft_agreement": agreement(target, draft, prompt, ref, new_tokens),
         })
         bar.update(1)
@@ -84,7 +74,7 @@ def run_check(target, draft, tokenizer, tasks: list[Task], new_tokens: int = 256
         acc = []
         for task in sort_tasks:
             prompt, ref = _encode_task(tokenizer, task, (target,), new_tokens)
-            acc.append(copy_accuracy(greedy_continuation(target, prompt, new_tokens), ref, new_tokens))
+            acc.append(copy_accuracy(greedy_reference(target, prompt, new_tokens), ref, new_tokens))
             bar.update(1)
         result["target_sort_accuracy"] = sum(acc) / len(acc)
     if code_windows:

@@ -71,6 +71,8 @@ class Stage:
     mix: dict = field(default_factory=lambda: {"repeat": 1.0})  # kind -> probability
     warmup: int = 0  # linear warm-up steps at the stage's start
     corrupt: float = 0.03  # share of continuation tokens corrupted in half of the low / sort samples
+    stop_below: float | None = None  # end the stage once every model's running loss (each kind) is below this
+
 
     def lr_at(self, step: int) -> float:
         base = self.lr[0] + (self.lr[1] - self.lr[0]) * step / max(1, self.steps - 1)
@@ -317,11 +319,16 @@ class Trainer:
                 history.append(row)
                 with log_path.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")
+                if stage.stop_below is not None and all(
+                        len(v) == self.log_every and np.mean(v) < stage.stop_below
+                        for n in self.models for v in running[n].values() if v):
+                    bar.update(stage.steps - step - 1)  # deterministic: the same losses end it at the same step
+                    break
             if time.time() - t_ckpt > self.checkpoint_seconds and step + 1 < stage.steps:
                 self._save_checkpoint(k, step + 1, opts, rng, nrng, running)
                 t_ckpt = time.time()
         seconds = time.time() - t_stage
-        row = {"stage": k, "step": stage.steps, "end_of_stage": True, "seconds": round(seconds, 1)}
+        row = {"stage": k, "step": step + 1, "end_of_stage": True, "seconds": round(seconds, 1)}
         for n, m in self.models.items():
             if self.eval_windows:
                 m.eval()

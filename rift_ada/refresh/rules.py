@@ -7,23 +7,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rift_ada import signals
-
+from .. import signals
 from .base import check_observation, is_number, number, read_json, short, write_json
 
 _OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 
 
 def _since(obs: np.ndarray) -> float:
+    """Generated tokens since the last scoring: exact, since the signal divides by a power of two (up to its cap)."""
     return float(obs[signals.index("since_refresh")]) * signals.SINCE_SCALE
 
 
 @dataclass
 class NeverController:
     name: str = "never"
-
-    def reset(self) -> None:
-        pass
 
     def decide(self, observation) -> bool:
         check_observation(observation)
@@ -46,21 +43,20 @@ class PeriodicController:
     name: str = "periodic"
 
     def __post_init__(self):
-        if self.period < 1:
-            raise ValueError(f"period must be >= 1 token, got {self.period}")
-
-    def reset(self) -> None:
-        pass
+        if not 1 <= self.period <= signals.SINCE_SCALE:
+            raise ValueError(f"period must be between 1 and {signals.SINCE_SCALE:.0f} generated tokens (the range "
+                             f"of the since_refresh signal), got {self.period}")
 
     def decide(self, observation) -> bool:
-        return _since(check_observation(observation)) >= self.period - 1e-3
+        return _since(check_observation(observation)) >= self.period
 
     def save(self, path) -> None:
         write_json(path, {"kind": "periodic", "period": self.period})
 
     @classmethod
     def load(cls, path) -> "PeriodicController":
-        return cls(period=number(read_json(path, "periodic"), "period", path, integer=True, minimum=1))
+        return cls(period=number(read_json(path, "periodic"), "period", path, integer=True, minimum=1,
+                                 maximum=int(signals.SINCE_SCALE)))
 
 
 @dataclass
@@ -78,9 +74,6 @@ class ThresholdController:
             signals.index(sig)
             if op not in _OPS:
                 raise ValueError(f"unknown comparison {op!r}; use one of {', '.join(_OPS)}")
-
-    def reset(self) -> None:
-        pass
 
     def decide(self, observation) -> bool:
         obs = check_observation(observation)

@@ -13,14 +13,12 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from rift_ada import signals
+from .. import signals
 
 
 @runtime_checkable
 class Controller(Protocol):
     name: str
-
-    def reset(self) -> None: ...
 
     def decide(self, observation: np.ndarray) -> bool: ...
 

@@ -21,8 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rift_ada import signals
-
+from .. import signals
 from .base import check_observation, check_signal_order, number, numbers, short
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -49,9 +48,6 @@ class PPOController:
     clip: float = 10.0
     lam: float | None = None  # the refresh-cost weight it was trained with (its knob)
     name: str = "ppo"
-
-    def reset(self) -> None:
-        pass
 
     def normalize(self, obs: np.ndarray) -> np.ndarray:
         return np.clip((obs - self.obs_mean) / np.sqrt(self.obs_var + self.epsilon), -self.clip, self.clip)

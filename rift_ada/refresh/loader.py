@@ -1,4 +1,4 @@
-"""Loading any saved controller without scikit-learn or stable-baselines3 (the decoding loop's only import)."""
+"""Loading any saved controller without scikit-learn or stable-baselines3, and the ``--controller`` spelling."""
 
 from __future__ import annotations
 
@@ -30,3 +30,19 @@ def load_controller(path: str | Path):
         raise ValueError(f"{path}: {what}; a .json controller is one of "
                          f"{', '.join(_JSON_KINDS)} (PPO controllers are .pt files)")
     return _JSON_KINDS[kind].load(path)
+
+
+def parse_controller(spec: str):
+    """``never``, ``periodic:N`` (refresh every N generated tokens) or the path of a saved controller file."""
+    name, _, arg = spec.partition(":")
+    if name == "never" and not arg:
+        return NeverController()
+    if name == "periodic":
+        try:
+            return PeriodicController(int(arg))
+        except ValueError:
+            raise ValueError(f"--controller {spec!r}: write periodic:N with N >= 1 generated tokens between "
+                             "refreshes") from None
+    if Path(spec).suffix in (".json", ".pt") or Path(spec).exists():
+        return load_controller(spec)
+    raise ValueError(f"--controller {spec!r}: give never, periodic:N, or a controller file (.json or .pt)")

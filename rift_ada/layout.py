@@ -1,0 +1,112 @@
+"""What the draft's cache keeps: one frozen description, given to the cache once (and to the trainer's masks).
+
+| kind      | after prefill                                   | while decoding                               |
+|-----------|-------------------------------------------------|----------------------------------------------|
+| `full`    | everything                                      | everything                                   |
+| `window`  | `sinks` first tokens + last `budget - sinks`    | the window slides                            |
+| `snapkv`  | best `budget - W` prompt tokens + last W        | generated tokens appended, nothing evicted   |
+| `rift`    | best `importance` prompt tokens + last `window` | the window slides; the selection stays until a refresh rescores the whole history |
+
+Budgets are integers (tokens): ``importance + window == budget`` for ``rift``, the window set by ``window_fraction``
+(default half) or explicitly. W is the scorer's observation window. *When* to refresh is not part of a layout: that
+is a controller's decision (``rift_ada.refresh``).
+
+``lookahead`` (default 64) extends SnapKV scores forward: while a model copies or quotes, the keys it needs next lie
+just after those its recent queries attended, beyond the reach of SnapKV's symmetric pooling. On the first testbed's
+copy tasks, refreshing every 32 tokens kept 13% of the full cache's AL with plain SnapKV scores and 100% with
+``lookahead=64``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .scorers import SCORERS, make_scorer
+
+KINDS = ("full", "window", "snapkv", "rift")
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    kind: str = "rift"
+    budget: int | None = None
+    window_fraction: float = 0.5
+    window: int | None = None  # rift: the sliding window in tokens (overrides window_fraction)
+    sinks: int = 4  # window: first tokens always kept
+    scorer: str = "snapkv"
+    obs_window: int = 32
+    lookahead: int = 64  # snapkv scores extended this far forward (0 = plain SnapKV); see scorers/base.py
+    scorer_options: tuple = ()  # e.g. (("kernel", 7), ("pooling", "max")) for snapkv
+    store: bool = True  # keep a backing store of the full history, so a refresh can rescore it
+    _window: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown cache layout {self.kind!r}; choose one of {', '.join(KINDS)}")
+        if self.scorer not in SCORERS:
+            raise ValueError(f"unknown scorer {self.scorer!r}; choose one of {', '.join(SCORERS)}")
+        if self.obs_window < 1:
+            raise ValueError(f"observation window must be >= 1, got {self.obs_window}")
+        if self.lookahead < 0:
+            raise ValueError(f"lookahead must be >= 0, got {self.lookahead}")
+        object.__setattr__(self, "scorer_options", tuple(sorted(dict(self.scorer_options).items())))
+        if self.kind == "full":
+            return
+        if not isinstance(self.budget, int) or isinstance(self.budget, bool) or self.budget < 1:
+            raise ValueError(f"a {self.kind!r} cache needs a budget: a positive integer number of tokens, got "
+                             f"{self.budget!r}")
+        if self.kind == "window" and self.budget <= self.sinks:
+            raise ValueError(f"budget ({self.budget}) must exceed the {self.sinks} attention sinks")
+        if self.kind == "snapkv" and self.budget < self.obs_window:
+            raise ValueError(f"budget ({self.budget}) is smaller than the observation window ({self.obs_window})")
+        if self.kind == "rift":
+            window = self.window
+            if window is None:
+                if not 0.0 < self.window_fraction <= 1.0:
+                    raise ValueError(f"window fraction must be in (0, 1], got {self.window_fraction}")
+                window = max(1, round(self.budget * self.window_fraction))
+            if not 1 <= window <= self.budget:
+                raise ValueError(f"the sliding window ({window}) must be between 1 and the budget ({self.budget})")
+            object.__setattr__(self, "_window", window)
+
+    # --- the split, in tokens ------------------------------------------------------------------------------------
+    @property
+    def compress(self) -> bool:
+        """Whether prefill is followed by a selection (everything but ``full``)."""
+        return self.kind != "full"
+
+    @property
+    def n_imp(self) -> int:
+        """Importance entries per KV head."""
+        return {"full": 0, "window": self.sinks, "snapkv": (self.budget or 0) - self.obs_window,
+                "rift": (self.budget or 0) - self._window}[self.kind]
+
+    @property
+    def tail_keep(self) -> int:
+        """Most recent tokens kept at compression (the sliding window)."""
+        return {"full": 0, "window": (self.budget or 0) - self.sinks, "snapkv": self.obs_window,
+                "rift": self._window}[self.kind]
+
+    @property
+    def tail_limit(self) -> int | None:
+        """The tail is evicted down to this after each round (None: never evicted)."""
+        return self.tail_keep if self.kind in ("window", "rift") else None
+
+    @property
+    def refreshable(self) -> bool:
+        return self.kind == "rift" and self.store
+
+    def make_scorer(self):
+        if self.kind == "window":
+            return make_scorer("streaming")
+        opts = dict(self.scorer_options)
+        if self.scorer == "snapkv":
+            opts.setdefault("lookahead", self.lookahead)
+        return make_scorer(self.scorer, **opts)
+
+    def describe(self) -> str:
+        if self.kind == "full":
+            return "full"
+        if self.kind == "rift":
+            return f"rift (budget {self.budget}: {self.n_imp} importance + {self.tail_keep} window)"
+        return f"{self.kind} (budget {self.budget})"

@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from rift_ada.cli import (ArgumentParser, add_runtime_options, apply_runtime, check_output, fail, require_positive,
-                          write_output)
+from rift_ada.cli import (ArgumentParser, add_model_options, add_runtime_options, apply_runtime, check_output, fail,
+                          require_positive, write_output)
 
 
 def timed(fn):
@@ -33,8 +33,7 @@ def timed(fn):
 
 def main(argv=None) -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default="testbed")
-    p.add_argument("--drafter", default="testbed", help="an external draft: 'testbed', a local folder or a hub id")
+    add_model_options(p, drafter="testbed")  # an external draft: HF assisted generation needs one
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096], help="prompt lengths in tokens")
     p.add_argument("--budget", type=int, default=512)
     p.add_argument("--period", type=int, default=32, help="rift-dyn refresh period in the end-to-end comparison")
@@ -56,7 +55,7 @@ def main(argv=None) -> int:
         return fail(e)
     # Imported after the option checks, so bad options fail without importing transformers.
     from rift_ada.data import build_tasks, encode
-    from rift_ada.metrics import acceptance_length
+    from rift_ada.evaluate import evaluate
     from rift_ada.models import load_pair
     from rift_ada.layout import CacheLayout
     from rift_ada.models import greedy_reference
@@ -77,13 +76,13 @@ def main(argv=None) -> int:
         row = {"input_tokens": length}
         for name, layout in (("full", CacheLayout("full")), ("rift-stat", CacheLayout("rift", args.budget, store=False))):
             dec = SpeculativeDecoder(pair.target, pair.draft, layout, args.draft_length, eos_token_id=eos)
-            res = [dec.generate(ids, args.max_new_tokens) for ids in prompts]
-            rounds = [r for x in res for r in x.rounds]
+            ev = evaluate(dec, prompts, None, args.max_new_tokens)
+            rounds = [r for x in ev.results for r in x.rounds]
             steps = sum(r.draft_length for r in rounds)
             row[name] = {
                 "draft_ms_per_step": 1000 * sum(r.draft_seconds for r in rounds) / max(steps, 1),
-                "draft_active_kv_bytes": max(r.active_kv_bytes for r in rounds),
-                "acceptance_length": sum(acceptance_length(x.rounds) for x in res) / len(res),
+                "draft_active_kv_bytes": ev.summary["draft_active_kv_bytes"],
+                "acceptance_length": ev.summary["acceptance_length"],
             }
 
         # End-to-end, same tokens: rift-ada's loop with a full draft cache (HF's setting) and with rift-dyn, HF

@@ -72,6 +72,7 @@ class Stage:
     warmup: int = 0  # linear warm-up steps at the stage's start
     corrupt: float = 0.03  # share of continuation tokens corrupted in half of the low / sort samples
     stop_below: float | None = None  # end the stage once every model's running loss (each kind) is below this
+    train: tuple[str, ...] | None = None  # the models this stage trains (None: all); the others wait
 
 
     def lr_at(self, step: int) -> float:
@@ -277,9 +278,10 @@ class Trainer:
         stage = self.stages[k]
         for m in self.models.values():
             m.train()
-        opts = {n: _optimizer(m) for n, m in self.models.items()}
+        models = {n: m for n, m in self.models.items() if stage.train is None or n in stage.train}
+        opts = {n: _optimizer(m) for n, m in models.items()}
         rng, nrng = stage_rngs(self.seed, k)
-        running = {n: {kind: [] for kind in stage.mix} for n in self.models}
+        running = {n: {kind: [] for kind in stage.mix} for n in models}
         step0 = 0
         if ckpt is not None:
             for n, o in opts.items():
@@ -293,7 +295,7 @@ class Trainer:
             kind = rng.choices(kinds, probs)[0]
             x, y = self.source.batch(kind, stage, rng, nrng)
             x, y = x.to(self.device), y.to(self.device)
-            for n, m in self.models.items():
+            for n, m in models.items():
                 for g in opts[n].param_groups:
                     g["lr"] = stage.lr_at(step)
                 with _autocast(self.device):
@@ -310,18 +312,18 @@ class Trainer:
             elapsed = time.time() - t_stage
             bar.set_postfix_str(f"stage {k + 1}/{len(self.stages)} len {stage.length} "
                                 f"{tokens_seen / max(elapsed, 1e-9):,.0f} tok/s " + " ".join(
-                                    f"{n[0]}:{kd}={np.mean(v):.2f}" for n in self.models
+                                    f"{n[0]}:{kd}={np.mean(v):.2f}" for n in models
                                     for kd, v in running[n].items() if v))
             if (step + 1) % self.log_every == 0 or step + 1 == stage.steps:
                 row = {"stage": k, "step": step + 1, "lr": stage.lr_at(step), "seconds": round(elapsed, 1),
-                       **{f"{n}_loss_{kd}": round(float(np.mean(v)), 4) for n in self.models
+                       **{f"{n}_loss_{kd}": round(float(np.mean(v)), 4) for n in models
                           for kd, v in running[n].items() if v}}
                 history.append(row)
                 with log_path.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")
                 if stage.stop_below is not None and all(
                         len(v) == self.log_every and np.mean(v) < stage.stop_below
-                        for n in self.models for v in running[n].values() if v):
+                        for n in models for v in running[n].values() if v):
                     bar.update(stage.steps - step - 1)  # deterministic: the same losses end it at the same step
                     break
             if time.time() - t_ckpt > self.checkpoint_seconds and step + 1 < stage.steps:

@@ -1,38 +1,85 @@
-"""The attention function that records observation queries, registered through transformers' AttentionInterface.
+"""Observing attention functions, registered through transformers' AttentionInterface.
 
-A model switched to ``attn_implementation="rift_sdpa"`` computes exactly what ``"sdpa"`` computes. When a forward is
-called with ``rift_observer=<RiftCache>``, each layer's post-RoPE queries are handed to that cache first, already
-rotated at their own absolute positions (so scoring later needs no re-rotation, unlike kvpress's decode-time SnapKV).
-Without the keyword it is plain SDPA, so one model object can serve as its own draft (observed) and target (not).
-With ``rift_masks=[per-layer (batch, kv_heads, q, k) bool]`` a full-sequence forward attends under those masks
-instead (compressibility training: what a compressed cache shows each token, per KV head).
+Each observer wraps one base implementation and computes exactly what it computes: ``rift_sdpa`` wraps ``sdpa``,
+``rift_eager`` the model's *own* eager function (GPT-OSS's adds its attention sinks, Gemma's its softcapping), and
+``rift_flex_attention`` flex attention. ``use_rift_attention(model)`` switches a model to the observer of the
+implementation it runs (a model without SDPA support, such as GPT-OSS, loads with eager and gets ``rift_eager``).
+When a forward is called with ``rift_observer=<RiftCache>``, each layer's post-RoPE queries are handed to that cache
+first, already rotated at their own absolute positions (so scoring later needs no re-rotation, unlike kvpress's
+decode-time SnapKV). Without the keyword the observer is its base, so one model object can serve as its own draft
+(observed) and target (not). With ``rift_masks=[per-layer (batch, kv_heads, q, k) bool]`` a full-sequence forward
+attends under those masks instead (compressibility training: what a compressed cache shows each token, per KV
+head); that path is SDPA on full-attention layers only and refuses anything else.
 
-Two registrations are needed: the attention function, and the *mask* function under the same name. transformers
-builds no mask for an unknown name, and SDPA then treats ``q > 1`` as top-left causal and slices the keys to the
-first ``q`` entries: silently wrong output for a multi-token forward over a cache.
+Two registrations per observer: the attention function, and the *mask* function of its base under the same name.
+transformers builds no mask for an unknown name, and SDPA then treats ``q > 1`` as top-left causal and slices the
+keys to the first ``q`` entries: silently wrong output for a multi-token forward over a cache.
 """
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from transformers import AttentionInterface
+from transformers.integrations.flex_attention import flex_attention_forward
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, flex_attention_mask, sdpa_mask
 
-ATTN_NAME = "rift_sdpa"
+from .architectures import UnsupportedModelError
+
+PREFIX = "rift_"
+# base implementation -> (its attention function, None = the model's own eager; its mask function)
+BASES = {
+    "sdpa": (sdpa_attention_forward, sdpa_mask),
+    "eager": (None, eager_mask),
+    "flex_attention": (flex_attention_forward, flex_attention_mask),
+}
+OBSERVERS = {base: PREFIX + base for base in BASES}
 
 
-def rift_sdpa_attention(module, query, key, value, attention_mask, rift_observer=None, rift_masks=None, **kwargs):
-    if rift_observer is not None:
-        rift_observer.observe_queries(module.layer_idx, query, kwargs.get("position_ids"))
-    if rift_masks is not None:
-        return masked_attention(module, query, key, value, rift_masks[module.layer_idx])
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+def _layer_idx(module) -> int:
+    idx = getattr(module, "layer_idx", None)
+    if not isinstance(idx, int):
+        raise UnsupportedModelError(f"{type(module).__name__} has no integer layer_idx: rift-ada cannot tell which "
+                                    "cache layer its queries belong to")
+    return idx
 
 
-def masked_attention(module, query, key, value, mask):
+def _model_eager(module):
+    """The eager function the module's own modeling file defines: what ``attn_implementation="eager"`` runs."""
+    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if fn is None:
+        raise UnsupportedModelError(f"{type(module).__module__} defines no eager_attention_forward for "
+                                    f"{type(module).__name__} to wrap")
+    return fn
+
+
+def _observer(base: str):
+    fn = BASES[base][0]
+
+    def attention(module, query, key, value, attention_mask, rift_observer=None, rift_masks=None, **kwargs):
+        if rift_observer is not None:
+            rift_observer.observe_queries(_layer_idx(module), query, kwargs.get("position_ids"))
+        if rift_masks is not None:
+            return masked_attention(module, query, key, value, rift_masks[_layer_idx(module)], base=base, **kwargs)
+        return (fn or _model_eager(module))(module, query, key, value, attention_mask, **kwargs)
+
+    attention.__name__ = f"{PREFIX}{base}_attention"
+    return attention
+
+
+def masked_attention(module, query, key, value, mask, base: str = "sdpa", **kwargs):
     """SDPA under an explicit per-KV-head boolean mask (batch, kv_heads, q, k), True = may attend. This is how the
-    compressibility trainer makes a full-sequence pass see exactly what the compressed cache shows each token."""
+    compressibility trainer makes a full-sequence pass see exactly what the compressed cache shows each token.
+    Only for SDPA-compatible full-attention layers: the mask would silently drop attention sinks, softcapping or a
+    sliding window."""
+    if base != "sdpa" or kwargs.get("s_aux") is not None or kwargs.get("softcap") is not None:
+        raise UnsupportedModelError(f"masked attention (compressibility training) runs SDPA; {type(module).__name__} "
+                                    f"attends with {base} (attention sinks or softcapping): not supported")
+    if kwargs.get("sliding_window") is not None:
+        raise UnsupportedModelError(f"masked attention (compressibility training) models full-attention layers only; "
+                                    f"layer {module.layer_idx} of {type(module).__name__} slides")
     g = query.shape[1] // key.shape[1]
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key.repeat_interleave(g, 1), value.repeat_interleave(g, 1), attn_mask=mask.repeat_interleave(g, 1),
@@ -40,11 +87,47 @@ def masked_attention(module, query, key, value, mask):
     return out.transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(ATTN_NAME, rift_sdpa_attention)
-AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+for _base, (_, _mask) in BASES.items():
+    AttentionInterface.register(OBSERVERS[_base], _observer(_base))
+    AttentionMaskInterface.register(OBSERVERS[_base], _mask)
+
+
+def observer_for(model) -> str:
+    """The observer of the implementation ``model`` runs. Implementations no observer wraps (flash kernels) fall back
+    to SDPA where the model supports it, else to its eager attention: same numbers, slower."""
+    impl = model.config._attn_implementation
+    if impl in OBSERVERS.values():
+        return impl
+    if impl in OBSERVERS:
+        return OBSERVERS[impl]
+    return OBSERVERS["sdpa" if getattr(model, "_supports_sdpa", False) else "eager"]
 
 
 def use_rift_attention(model) -> None:
-    """Switch a loaded model to the observing attention (idempotent; same numbers as SDPA)."""
-    if model.config._attn_implementation != ATTN_NAME:
-        model.set_attn_implementation(ATTN_NAME)
+    """Switch a loaded model to the observing attention (idempotent; same numbers as its own implementation)."""
+    name = observer_for(model)
+    if model.config._attn_implementation != name:
+        model.set_attn_implementation(name)
+
+
+class _Probe:
+    def __init__(self):
+        self.seen: list[int] = []
+
+    def observe_queries(self, layer_idx, query, positions=None):
+        self.seen.append(layer_idx)
+
+
+@torch.no_grad()
+def check_observable(model) -> None:
+    """One one-token forward: every decoder layer's attention must reach the observer with its ``layer_idx``
+    (UnsupportedModelError otherwise, e.g. attention that bypasses AttentionInterface)."""
+    use_rift_attention(model)
+    probe = _Probe()
+    ids = torch.zeros(1, 1, dtype=torch.long, device=model.device)
+    model(ids, position_ids=torch.zeros_like(ids), use_cache=False, rift_observer=probe, logits_to_keep=1)
+    n = model.config.get_text_config(decoder=True).num_hidden_layers
+    if sorted(probe.seen) != list(range(n)):
+        raise UnsupportedModelError(f"{type(model).__name__}: the attention of layers "
+                                    f"{sorted(set(range(n)) - set(probe.seen)) or sorted(probe.seen)} does not go "
+                                    "through transformers' AttentionInterface, so rift-ada cannot observe it")

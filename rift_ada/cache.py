@@ -16,6 +16,12 @@ How it meets transformers 5.24's Cache contract (see shared/notes/BACKGROUND.md)
 
 One object owns the observation window: each layer keeps its recent post-RoPE queries, and ``observation()`` is the
 only place that slices the last ``obs_window`` of them (scoring and query drift both read it).
+
+Sliding-window layers (Gemma 3, GPT-OSS, Mistral / Qwen3 with a window) keep the model's own window semantics: a
+:class:`SlidingLayer` holds the last ``window - 1`` tokens (plus the round in flight), exactly as the target's own
+cache does, and the layout's budget applies to the full-attention layers (``RiftLayer``) only. A sliding layer's
+attention never sees beyond its window, so compressing it would change nothing but its memory, which the window
+already bounds.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from __future__ import annotations
 import copy
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
 
 from .layout import CacheLayout
 from .selection import gather_positions, observation_window, select_importance
@@ -159,27 +165,89 @@ class RiftLayer(CacheLayerMixin):
         self.keys, self.values = torch.cat([imp_k, tail_k], dim=-2), torch.cat([imp_v, tail_v], dim=-2)
         self.imp_pos, self.n_imp = pos.to(self.device), pos.shape[-1]
 
+    def load(self, src) -> None:
+        """Take the keys and values of a prefilled full-attention layer (which stores every token)."""
+        if src.keys.shape[-2] != src.get_seq_length():
+            raise RuntimeError("a RIFT layer can only load a layer that stores every token")
+        self.update(src.keys.clone(), src.values.clone())
+
+
+class SlidingLayer(DynamicSlidingWindowLayer):
+    """A sliding-window layer of the draft: transformers' own ``DynamicSlidingWindowLayer`` (so ``get_mask_sizes``
+    and ``update`` agree with the model's sliding mask by construction), always recording the past, so ``crop(-n)``
+    rolls a round back exactly; ``crop(0)`` then trims it to its working size of ``window - 1`` tokens."""
+
+    def __init__(self, sliding_window: int):
+        super().__init__(sliding_window)
+        self.activate_past_recording()
+
+    @property
+    def length(self) -> int:
+        return self.cumulative_length
+
+    @property
+    def n_active(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def crop(self, tokens_to_remove: int) -> None:
+        n = -tokens_to_remove
+        # Past recording keeps every token fed since the last crop; a rollback deeper than that cannot be exact.
+        if n > 0 and self.is_initialized and self.n_active - n < min(self.length - n, self.sliding_window - 1):
+            raise RuntimeError(f"cannot roll back {n} tokens: this sliding layer holds only {self.n_active}")
+        if self.is_initialized:
+            super().crop(tokens_to_remove)
+
+    def evict_tail(self, keep=None) -> None:
+        """Back to the working size (``window - 1`` tokens) once a round is over; ``keep`` is the RIFT layers'."""
+        self.crop(0)
+
+    def load(self, src) -> None:
+        """Take the keys and values of a prefilled sliding layer (any stored length covering the window)."""
+        self.update(src.keys.clone(), src.values.clone())
+        self.cumulative_length = src.get_seq_length()
+        self.crop(0)
+
 
 class RiftCache(Cache):
-    """The draft's cache under a :class:`~rift_ada.layout.CacheLayout` (full, window, snapkv, rift)."""
+    """The draft's cache under a :class:`~rift_ada.layout.CacheLayout` (full, window, snapkv, rift).
+
+    ``sliding_windows`` gives per layer None (a full-attention layer: a :class:`RiftLayer` under the layout) or the
+    model's window in tokens (a :class:`SlidingLayer`); omitted, every layer is a RIFT layer. ``for_config`` reads
+    them from a model's config. Only the RIFT layers are scored, refreshed and observed."""
 
     def __init__(self, num_layers: int, layout: CacheLayout, store_device: str | torch.device | None = None,
-                 extra_queries: int = 64):
+                 extra_queries: int = 64, sliding_windows: list[int | None] | None = None):
         self.layout = layout
         self.scorer = layout.make_scorer()
-        layers = [RiftLayer(layout.refreshable, store_device, layout.obs_window, extra_queries)
-                  for _ in range(num_layers)]
+        windows = [None] * num_layers if sliding_windows is None else list(sliding_windows)
+        if len(windows) != num_layers:
+            raise ValueError(f"{len(windows)} sliding windows given for {num_layers} layers")
+        layers = [RiftLayer(layout.refreshable, store_device, layout.obs_window, extra_queries) if w is None
+                  else SlidingLayer(w) for w in windows]
         super().__init__(layers=layers)
+        self.rift_layers = [layer for layer in layers if isinstance(layer, RiftLayer)]
         self._reference_queries: list[torch.Tensor] | None = None
+
+    @classmethod
+    def for_config(cls, config, layout: CacheLayout, store_device: str | torch.device | None = None,
+                   extra_queries: int = 64) -> "RiftCache":
+        """The cache for a model: one layer per decoder layer, sliding where the model slides (UnsupportedModelError
+        for layer types other than full and sliding attention)."""
+        from .architectures import layer_windows
+
+        windows = layer_windows(config)
+        return cls(len(windows), layout, store_device, extra_queries, sliding_windows=windows)
 
     # Called by rift_ada.attention for each layer of a forward that passes rift_observer=self.
     def observe_queries(self, layer_idx: int, query: torch.Tensor, positions: torch.Tensor | None = None) -> None:
-        self.layers[layer_idx].observe(query, positions)
+        layer = self.layers[layer_idx]
+        if isinstance(layer, RiftLayer):  # sliding layers are never scored: their queries are not needed
+            layer.observe(query, positions)
 
     def load_from(self, cache: Cache) -> None:
-        """Take keys and values of a prefilled full cache (self-speculation: one prefill serves both models)."""
+        """Take keys and values of a prefilled target cache (self-speculation: one prefill serves both models)."""
         for layer, src in zip(self.layers, cache.layers):
-            layer.update(src.keys.clone(), src.values.clone())
+            layer.load(src)
 
     @property
     def length(self) -> int:
@@ -187,11 +255,13 @@ class RiftCache(Cache):
 
     # --- the round protocol ---------------------------------------------------------------------------------------
     def compress(self) -> None:
-        """After prefill: select from the prompt and keep the layout's tail (a no-op for ``full``)."""
+        """After prefill: select from the prompt and keep the layout's tail (a no-op for ``full``); sliding layers
+        shrink to their window."""
         lay = self.layout
         if lay.compress:
-            for layer in self.layers:
+            for layer in self.rift_layers:
                 layer.reselect(self.scorer, lay.n_imp, lay.tail_keep, layer.keys, layer.values)
+        self._trim_sliding()
         self._remember_queries()
 
     def refresh(self) -> None:
@@ -200,22 +270,28 @@ class RiftCache(Cache):
         if not self.layout.refreshable:
             raise RuntimeError(f"a {self.layout.describe()} cache without a backing store cannot refresh: use a "
                                "rift layout with store=True (policies rift-dyn / rift-ada)")
-        for layer in self.layers:
+        for layer in self.rift_layers:
             layer.reselect(self.scorer, self.layout.n_imp, layer.n_tail, layer.store_k, layer.store_v)
         self._remember_queries()
 
     def rollback(self, rejected: int) -> None:
-        """End a round: drop its ``rejected`` newest tokens, then evict tail tokens beyond the sliding window. In this
-        order, so a rollback never needs a token that eviction removed."""
+        """End a round: drop its ``rejected`` newest tokens (from every layer), then evict tail tokens beyond the
+        sliding window. In this order, so a rollback never needs a token that eviction removed."""
         self.crop(-rejected)
         keep = self.layout.tail_limit
-        for layer in self.layers:
+        for layer in self.rift_layers:
             layer.evict_tail(keep)
+        self._trim_sliding()
+
+    def _trim_sliding(self) -> None:
+        for layer in self.layers:
+            if isinstance(layer, SlidingLayer):
+                layer.evict_tail()
 
     # --- signals and accounting -----------------------------------------------------------------------------------
     def _mean_queries(self) -> list[torch.Tensor] | None:
-        obs = [layer.observation()[0] for layer in self.layers]
-        if any(q is None for q in obs):
+        obs = [layer.observation()[0] for layer in self.rift_layers]
+        if not obs or any(q is None for q in obs):
             return None
         return [torch.nn.functional.normalize(q.float().mean(2), dim=-1) for q in obs]
 
@@ -224,18 +300,28 @@ class RiftCache(Cache):
 
     def query_drift(self) -> float:
         """1 - cosine between the mean recent observation query and the one used at the last scoring, averaged over
-        layers and heads (0 = same queries; post-RoPE, so the fast-rotating dimensions mostly average out)."""
+        RIFT layers and heads (0 = same queries; post-RoPE, so the fast-rotating dimensions mostly average out)."""
         now, ref = self._mean_queries(), self._reference_queries
         if now is None or ref is None:
             return 0.0
         cos = torch.stack([(a * b).sum(-1).mean() for a, b in zip(now, ref)]).mean()
         return float(1.0 - cos)
 
+    def active_bytes_by_kind(self) -> dict[str, int]:
+        """Bytes of keys and values attention reads now: ``full`` (RIFT layers, under the budget) and ``sliding``
+        (the model's window layers, including the round in flight until the round's rollback trims them)."""
+        out = {"full": 0, "sliding": 0}
+        for layer in self.layers:
+            if layer.is_initialized and layer.keys is not None:
+                out["sliding" if isinstance(layer, SlidingLayer) else "full"] += layer.keys.nbytes + layer.values.nbytes
+        return out
+
     def active_bytes(self) -> int:
-        return sum(l.keys.nbytes + l.values.nbytes for l in self.layers if l.is_initialized)
+        return sum(self.active_bytes_by_kind().values())
 
     def active_tokens(self) -> int:
-        return self.layers[0].n_active
+        """Active entries per head of the first RIFT layer (of the first layer if all layers slide)."""
+        return (self.rift_layers or self.layers)[0].n_active
 
     def clone(self) -> "RiftCache":
         """An independent copy (for counterfactual forks)."""

@@ -48,6 +48,10 @@ def summarize(results: Sequence[DecodeResult], max_new_tokens: int) -> dict:
         "generated_tokens": tokens,
         "tokens_per_second": tokens / decode_s if decode_s > 0 else 0.0,
         "prefill_seconds": sum(r.prefill_seconds for r in results),
+        # Peaks over all rounds: the total, and separately its full-attention (RIFT) and sliding-window parts.
         "draft_active_kv_bytes": max((x.active_kv_bytes for r in results for x in r.rounds), default=0),
+        "draft_active_kv_bytes_full": max((x.active_kv_bytes_full for r in results for x in r.rounds), default=0),
+        "draft_active_kv_bytes_sliding": max((x.active_kv_bytes_sliding for r in results for x in r.rounds),
+                                             default=0),
         "prompts": len(results),
     }

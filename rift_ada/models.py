@@ -91,8 +91,10 @@ def load_tokenizer(name_or_path: str | os.PathLike):
 
 
 def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str | None = None, device: str = "cpu",
-               attn_implementation: str | None = "sdpa"):
+               attn_implementation: str | None = None):
     """Load a causal LM in eval mode. ``dtype=None`` keeps float32 on CPU and bfloat16 on CUDA.
+    ``attn_implementation=None`` lets transformers choose: SDPA where the model supports it, else its eager attention
+    (GPT-OSS: its attention sinks are not expressible in SDPA).
 
     Raises :class:`ModelLoadError` (one line) for a missing, corrupt or truncated checkpoint, and for one that lacks
     weights or holds weights of the wrong shape (transformers would initialise those randomly, or fail after a
@@ -147,11 +149,28 @@ class ModelPair:
     self_speculative: bool
 
 
+def check_architecture(name_or_path: str | os.PathLike) -> None:
+    """UnsupportedModelError (one line) for a model whose cache layers rift-ada cannot handle, read from its
+    config alone, so an unsupported model is refused before its weights load."""
+    from transformers import AutoConfig
+
+    from .architectures import layer_windows
+
+    where = resolve(name_or_path)
+    try:
+        config = AutoConfig.from_pretrained(where)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"could not read a model config from {where!r}: {first_line(e)}") from None
+    layer_windows(config)
+
+
 def load_pair(target: str = "testbed", drafter: str = "testbed", device: str = "cpu", dtype=None) -> ModelPair:
     """``drafter``: ``self`` (the target drafts for itself), ``testbed`` (the built-in draft), or a path / hub id."""
     drafter_name = target if drafter == "self" else "testbed-draft" if drafter == "testbed" else drafter
     check_files(target)
     check_files(drafter_name)  # a damaged draft fails before the target loads
+    check_architecture(target)
+    check_architecture(drafter_name)
     tok = load_tokenizer(target)
     tgt = load_model(target, dtype=dtype, device=device)
     if drafter == "self":

@@ -20,7 +20,8 @@ import torch
 from transformers import DynamicCache
 
 from . import signals
-from .attention import use_rift_attention
+from .architectures import layer_windows
+from .attention import check_observable
 from .cache import RiftCache
 from .layout import CacheLayout
 from .models import check_vocab
@@ -37,6 +38,8 @@ class RoundRecord:
     entropy_mean: float  # draft entropy (nats, temperature 1) over this round's draft steps
     entropy_max: float
     active_kv_bytes: int  # draft's active KV at its largest this round (round's tokens in flight)
+    active_kv_bytes_full: int  # ... of it in full-attention (RIFT) layers
+    active_kv_bytes_sliding: int  # ... of it in sliding-window layers
     draft_seconds: float
     verify_seconds: float
     refresh_seconds: float
@@ -93,6 +96,10 @@ class SpeculativeDecoder:
     ``draft=None`` is self-speculation: the target drafts for itself on a compressed cache and verifies on a full one.
     ``temperature=0`` is greedy (output equals the target's own greedy decoding); otherwise drafts are accepted by the
     exact rejection rule (Leviathan et al.), so outputs follow the target's sampling distribution.
+
+    Both models must be supported architectures (``rift_ada.architectures``): full-attention and sliding-window KV
+    layers, attention observable through AttentionInterface. Anything else is refused here, in one line
+    (UnsupportedModelError), before any decoding.
     """
 
     def __init__(self, target, draft=None, layout: CacheLayout | None = None, draft_length: int = 11,
@@ -108,13 +115,15 @@ class SpeculativeDecoder:
         self.draft = target if draft is None else draft
         self.self_speculative = draft is None or draft is target
         check_vocab(self.target, self.draft)
+        layer_windows(self.target.config)  # the target's cache must roll back exactly: full and sliding layers only
+        layer_windows(self.draft.config)
         self.layout = layout or CacheLayout("full")
         self.k, self.temperature, self.top_p = draft_length, temperature, top_p
         self.eos_token_id = eos_token_id
         self.seed = seed
         self.store_device = store_device
         self.device = self.target.device
-        use_rift_attention(self.draft)
+        check_observable(self.draft)  # switches it to its observing attention; one one-token forward
         self.done = True
 
     # --- set-up ----------------------------------------------------------------------------------------------------
@@ -135,7 +144,10 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         pos = torch.arange(ids.shape[1], device=self.device)[None]
         self.tcache = DynamicCache(config=self.target.config)
-        self.dcache = RiftCache(self.draft.config.num_hidden_layers, self.layout, self.store_device)
+        # Sliding layers of the target keep every token fed since the last crop, so a rejection can be rolled back
+        # once their window is full; each round's crop trims them back to the window.
+        self.tcache.activate_past_recording()
+        self.dcache = RiftCache.for_config(self.draft.config, self.layout, self.store_device)
         if self.self_speculative:
             # One prefill serves both caches: same model, same tokens; the draft cache copies the keys and values.
             logits = self.target(ids, cache=self.tcache, position_ids=pos, rift_observer=self.dcache,
@@ -144,6 +156,7 @@ class SpeculativeDecoder:
         else:
             logits = self.target(ids, cache=self.tcache, position_ids=pos, logits_to_keep=1).logits
             self.draft(ids, cache=self.dcache, position_ids=pos, rift_observer=self.dcache, logits_to_keep=1)
+        self.tcache.crop(0)  # sliding layers back to their window (a no-op for full-attention layers)
         self.dcache.compress()
         first = self._sample(self._probs(logits[0, -1]), logits[0, -1])
         self._sync()
@@ -165,7 +178,7 @@ class SpeculativeDecoder:
         clock.lap("refresh")
         k = min(self.k, self.max_new_tokens - before.generated - 1)  # never draft past max_new_tokens
         drafts, q_probs, entropies = self._draft(k)
-        active_bytes = self.dcache.active_bytes()
+        active_bytes = self.dcache.active_bytes_by_kind()
         clock.lap("draft")
         t_logits = self._forward(self.target, self.tcache, self._t_pending + drafts, all_logits=True)
         n, nxt = self._accept(drafts, q_probs, t_logits)
@@ -176,7 +189,8 @@ class SpeculativeDecoder:
             position=before.generated, accepted=n, emitted=len(new), draft_length=k, refreshed=bool(refresh),
             tokens_since_refresh=before.tokens_since_refresh, drift=before.drift,
             entropy_mean=sum(entropies) / k if k else 0.0, entropy_max=max(entropies, default=0.0),
-            active_kv_bytes=active_bytes, **clock.seconds)
+            active_kv_bytes=sum(active_bytes.values()), active_kv_bytes_full=active_bytes["full"],
+            active_kv_bytes_sliding=active_bytes["sliding"], **clock.seconds)
         self._publish(record)
         return record
 

@@ -1,0 +1,207 @@
+"""The architecture matrix: every family of ``rift_ada.architectures.FAMILIES`` as a tiny random-init model.
+
+Greedy speculative output must equal the target's own ``generate`` for self-speculation and for an external draft of
+another family, with full, rift-stat and rift-dyn draft caches and k in {1, 4, 11}. Prompts (80 tokens) are longer
+than every sliding window (16), so the target's sliding layers roll back after their window is full, and the draft's
+RIFT budget (24) compresses its full-attention layers. Greedy equality checks the target side; the draft side (its
+sliding layers keep the model's window) is checked by self-speculation on a full draft cache, which must accept every
+draft, and by logits against the model's own cache.
+"""
+
+import functools
+import runpy
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from rift_ada.architectures import FAMILIES, UnsupportedModelError, family
+from rift_ada.attention import check_observable, observer_for
+from rift_ada.cache import RiftCache, SlidingLayer
+from rift_ada.evaluate import evaluate
+from rift_ada.layout import CacheLayout
+from rift_ada.models import greedy_reference
+from rift_ada.policies import make_policy
+from rift_ada.speculative import SpeculativeDecoder
+from tests.conftest import feed
+from tests.test_sampling import (ALPHA, K, NEW_TOKENS, SAMPLES, VOCAB, chi2, chi_square, sample_sequences,
+                                 sequence_distribution)
+
+ROOT = Path(__file__).resolve().parents[1]
+KEYS = [f.key for f in FAMILIES]
+WINDOW, PROMPT, NEW, BUDGET = 16, 80, 32, 24
+
+
+@functools.lru_cache(maxsize=None)
+def target(key):
+    return family(key).model(seed=0, window=WINDOW)
+
+
+@functools.lru_cache(maxsize=None)
+def external_draft(key):
+    """A 2-layer draft of the next family in the list: another architecture, the same vocabulary."""
+    other = FAMILIES[(KEYS.index(key) + 1) % len(FAMILIES)]
+    return other.model(seed=1, layers=2, window=WINDOW)
+
+
+@functools.lru_cache(maxsize=None)
+def prompt_and_reference(key):
+    prompt = torch.randint(0, 128, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
+    return prompt, greedy_reference(target(key), prompt, NEW)
+
+
+def policy(name):
+    return make_policy(name, None if name == "full" else BUDGET, period=8 if name == "rift-dyn" else None,
+                       obs_window=8)
+
+
+@pytest.mark.parametrize("name", ["full", "rift-stat", "rift-dyn"])
+@pytest.mark.parametrize("drafter", ["self", "external"])
+@pytest.mark.parametrize("key", KEYS)
+def test_greedy_equals_target_generate(key, drafter, name):
+    prompt, reference = prompt_and_reference(key)
+    draft = None if drafter == "self" else external_draft(key)
+    pol = policy(name)
+    for k in (1, 4, 11):
+        dec = SpeculativeDecoder(target(key), draft, pol.layout, draft_length=k)
+        res = dec.generate(prompt, NEW, pol.controller)
+        assert res.tokens == reference, k
+        if drafter == "self" and name == "full":  # the draft computes exactly the target's logits
+            assert all(r.accepted == r.draft_length for r in res.rounds), k
+        for layer in dec.tcache.layers:  # the target's sliding layers are back at their window after each round
+            assert layer.keys.shape[-2] <= (WINDOW - 1 if layer.is_sliding else dec.tcache.get_seq_length())
+        for layer in dec.dcache.layers:
+            if isinstance(layer, SlidingLayer):
+                assert layer.n_active == WINDOW - 1
+            elif name != "full":
+                assert layer.n_active == BUDGET
+
+
+@pytest.mark.parametrize("key", ["gemma3", "gpt-oss", "qwen3-swa", "mistral-swa"])
+def test_draft_cache_with_room_for_everything_equals_the_models_own_cache(key):
+    """Rounds of 5 fed tokens, 3 of them rolled back, across the window boundary: the draft cache (a RIFT budget
+    that holds every token, the model's windows on sliding layers) gives the logits of the model's own cache fed
+    only the kept tokens (to 1e-4: logits of these init-0.2 models are O(1), and a 5-token forward sums in another
+    order than a 2-token one; a key outside its window moves them by O(0.1))."""
+    model = target(key)
+    check_observable(model)
+    g = torch.Generator().manual_seed(1)
+    rift = RiftCache.for_config(model.config, CacheLayout("rift", budget=64, window=48))
+    dense = DynamicCache(config=model.config)
+    prompt = torch.randint(0, 128, (12,), generator=g).tolist()  # shorter than the window: it fills while decoding
+    torch.testing.assert_close(feed(model, rift, prompt), feed(model, dense, prompt, False), atol=1e-4, rtol=0)
+    rift.compress()
+    for _ in range(8):
+        tokens = torch.randint(0, 128, (5,), generator=g).tolist()
+        out = feed(model, rift, tokens)
+        rift.rollback(3)
+        torch.testing.assert_close(out[:2], feed(model, dense, tokens[:2], False), atol=1e-4, rtol=0)
+    assert rift.length == dense.get_seq_length() == 12 + 16
+    kinds = rift.active_bytes_by_kind()
+    assert kinds["sliding"] > 0 and (kinds["full"] > 0) == (key != "mistral-swa")
+    sliding = next(layer for layer in rift.layers if layer.is_sliding)
+    assert sliding.n_active == WINDOW - 1
+    with pytest.raises(RuntimeError, match="cannot roll back"):
+        sliding.crop(-3)  # those tokens left the window at the last round's end
+
+
+@pytest.mark.parametrize("key", ["gemma3", "gpt-oss"])
+def test_draft_kv_is_flat_in_input_length(key):
+    """Budget 64, window 16: the full-attention (RIFT) and sliding parts of the draft's peak KV are the same for
+    256- and 512-token prompts."""
+    model = target(key)
+    pol = make_policy("rift-dyn", 64, period=8, obs_window=8)
+    dec = SpeculativeDecoder(model, None, pol.layout, draft_length=4)
+    g = torch.Generator().manual_seed(2)
+    peaks = []
+    for n in (256, 512):
+        summary = evaluate(dec, [torch.randint(0, 128, (n,), generator=g).tolist()], pol.controller, 16).summary
+        peaks.append((summary["draft_active_kv_bytes_full"], summary["draft_active_kv_bytes_sliding"]))
+        assert summary["draft_active_kv_bytes"] == sum(peaks[-1])
+    assert peaks[0] == peaks[1] and min(peaks[0]) > 0, peaks
+    cfg = model.config
+    per_token_layer = 2 * cfg.num_key_value_heads * cfg.head_dim * 4  # keys and values, float32
+    # At its peak a round holds 1 or 2 pending tokens + k - 1 fed drafts beyond the budget / window.
+    assert peaks[0][0] <= 2 * per_token_layer * (64 + 4 + 1)
+    assert peaks[0][1] <= 2 * per_token_layer * (WINDOW - 1 + 4 + 1)
+
+
+# --- sampling: the exact distribution (machinery of tests/test_sampling.py) -----------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ["gemma3", "gpt-oss"])
+def test_sampling_distribution_matches_target(key):
+    """Window 8 against a 24-token prompt (sliding layers really slide), rift-dyn budget 12 with a refresh before
+    every round, a draft of the same family with other weights: chi-square at alpha 1e-3 over all 4-token
+    sequences."""
+    size = dict(vocab=VOCAB, hidden=32, heads=2, kv_heads=1, layers=2, window=8, init=0.3)
+    tgt, drf = family(key).model(seed=0, **size), family(key).model(seed=7, **size)
+    prompt = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(1)).tolist()
+    dist, _ = sequence_distribution(tgt, prompt, NEW_TOKENS, 1.0, 1.0)
+    pol = make_policy("rift-dyn", budget=12, period=1, obs_window=8)
+    dec = SpeculativeDecoder(tgt, drf, pol.layout, draft_length=K, temperature=1.0)
+    counts = sample_sequences(dec, prompt, SAMPLES, pol.controller)
+    assert not {s for s in counts if dist.get(s, 0.0) == 0.0}
+    stat, dof = chi_square(counts, dist, SAMPLES)
+    critical = chi2.ppf(1 - ALPHA, dof)
+    assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f} (dof {dof}, alpha {ALPHA})"
+    assert dec.dcache.active_tokens() == 12, "the full-attention layer is compressed"
+    assert dec.dcache.layers[0].is_sliding and dec.dcache.layers[0].n_active == 7, "the sliding layer slides"
+
+
+# --- attention and refusals -----------------------------------------------------------------------------------------
+
+def test_observer_wraps_the_models_own_attention():
+    """GPT-OSS has no SDPA (attention sinks) and gets the eager observer, which computes exactly its eager
+    attention; SDPA models get the SDPA observer."""
+    oss = family("gpt-oss").model(seed=0, window=WINDOW)
+    assert oss.config._attn_implementation == "eager" and observer_for(oss) == "rift_eager"
+    assert observer_for(family("gemma3").model(seed=0)) == "rift_sdpa"
+    ids = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        before = oss(ids).logits
+        check_observable(oss)
+        assert oss.config._attn_implementation == "rift_eager"
+        torch.testing.assert_close(oss(ids).logits, before, atol=0, rtol=0)
+        with pytest.raises(UnsupportedModelError, match="attention sinks"):
+            oss(ids, rift_masks=[torch.ones(1, 2, 40, 40, dtype=torch.bool)] * 4)
+
+
+def test_hybrid_model_is_refused_in_one_line(tmp_path):
+    from transformers import AutoModelForCausalLM, Qwen3NextConfig
+
+    from rift_ada.models import load_pair
+
+    cfg = Qwen3NextConfig(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+                          linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4,
+                          num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    for make in (lambda: SpeculativeDecoder(model), lambda: SpeculativeDecoder(target("llama"), model)):
+        with pytest.raises(UnsupportedModelError, match="linear_attention .* not supported yet") as e:
+            make()
+        assert "\n" not in str(e.value)
+    cfg.save_pretrained(tmp_path)  # the config alone: refused before a tokenizer or weights are read
+    with pytest.raises(UnsupportedModelError, match="qwen3_next: cache layers of type linear_attention"):
+        load_pair(str(tmp_path), "self")
+
+
+def test_attention_without_layer_idx_is_refused_in_one_line():
+    model = family("llama").model(seed=0, layers=2)
+    del model.model.layers[1].self_attn.layer_idx
+    with pytest.raises(UnsupportedModelError, match="LlamaAttention has no integer layer_idx") as e:
+        SpeculativeDecoder(model)
+    assert "\n" not in str(e.value)
+
+
+def test_compressibility_masks_refuse_sliding_layers():
+    model = family("gemma3").model(seed=0, layers=2, window=WINDOW)
+    check_observable(model)
+    with pytest.raises(UnsupportedModelError, match="full-attention layers only; layer 0"):
+        model(torch.zeros(1, 8, dtype=torch.long), rift_masks=[torch.ones(1, 2, 8, 8, dtype=torch.bool)] * 2)
+
+
+def test_readme_table_is_generated_from_the_family_list():
+    table = runpy.run_path(str(ROOT / "experiments" / "architectures_table.py"))["table"]()
+    assert table in (ROOT / "README.md").read_text(), "paste `python experiments/architectures_table.py` into README"

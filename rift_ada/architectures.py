@@ -1,10 +1,16 @@
 """Which model architectures rift-ada handles, and the one check that refuses the others.
 
-A model is supported when every layer of its cache is a full-attention or a sliding-window KV layer (as transformers
-itself dispatches them: ``cache_utils.get_layer_types_and_kwargs``) and its attention goes through transformers'
-``AttentionInterface`` with a ``layer_idx`` on each attention module (checked by a one-token probe,
-``rift_ada.attention.check_observable``). Hybrid linear-attention / Mamba layers keep recurrent state that ``crop``
-cannot roll back; they are refused here (a later issue).
+A model is supported when every layer of its cache is one of the kinds below (as transformers itself dispatches them:
+``cache_utils.get_layer_types_and_kwargs``), it has at least one attention layer, and its attention goes through
+transformers' ``AttentionInterface`` with a ``layer_idx`` on each attention module (checked by a one-token probe,
+``rift_ada.attention.check_observable``):
+
+- ``full``: full attention (``full_attention``), a KV cache under the RIFT budget in the draft;
+- ``sliding``: a sliding window (``sliding_attention``), the model's own window in both caches;
+- ``state``: linear attention / Mamba (``linear_attention``: Qwen3.5's Gated DeltaNet, Nemotron-H's Mamba-2), a
+  fixed-size conv + recurrent state that is exact and never compressed; a rollback restores it from a checkpoint
+  (``rift_ada.states``), since a recurrent state cannot be cropped;
+- ``none``: a layer without any cache (Nemotron-H's MLP and MoE blocks).
 
 ``FAMILIES`` is the tested matrix: each entry builds a tiny random-init model from transformers' own config class.
 ``tests/test_architectures.py`` runs every family, and ``python experiments/architectures_table.py`` prints the
@@ -16,28 +22,47 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+# transformers' cache layer type -> rift-ada's layer kind
+KINDS = {"full_attention": "full", "sliding_attention": "sliding", "linear_attention": "state"}
+NO_CACHE_BLOCKS = ("mlp", "moe")  # blocks transformers gives a DummyLayer because they keep nothing
 
 
 class UnsupportedModelError(ValueError):
     """A model whose cache layers or attention rift-ada cannot handle; the message is one line naming what."""
 
 
-def layer_windows(config) -> list[int | None]:
-    """Per decoder layer: None for a full-attention layer, the window in tokens for a sliding-window layer.
-    UnsupportedModelError for any other layer type (linear attention, Mamba, chunked, shared KV, ...)."""
+@dataclass(frozen=True)
+class LayerKind:
+    kind: str  # "full", "sliding", "state" or "none"
+    window: int | None = None  # sliding layers: the model's window in tokens
+    states: int = 1  # state layers: how many conv/recurrent state pairs the layer keeps
+
+
+def layer_kinds(config) -> list[LayerKind]:
+    """One :class:`LayerKind` per decoder layer. UnsupportedModelError for any other cache layer type (chunked,
+    shared KV, layers mixing attention and a state in one, ...) and for a model without an attention layer."""
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     text = config.get_text_config(decoder=True)
+    name = getattr(text, "model_type", type(text).__name__)
     types, kwargs = get_layer_types_and_kwargs(text)
-    other = sorted(set(types) - set(SUPPORTED_LAYER_TYPES))
+    raw = list(getattr(text, "layer_types", None) or types)
+    kinds, other = [], set()
+    for t, kw, r in zip(types, kwargs, raw):
+        if t in KINDS:
+            kinds.append(LayerKind(KINDS[t], kw.get("sliding_window"), kw.get("number_of_states", 1)))
+        elif t == "dummy" and r in NO_CACHE_BLOCKS:
+            kinds.append(LayerKind("none"))
+        else:
+            other.add(t if t != "dummy" else "dummy (shared KV)")
     if other:
-        hybrid = " (hybrid linear-attention / Mamba models are not supported yet)" if any(
-            t in ("linear_attention", "conv", "hybrid", "hybrid_sliding") for t in other) else ""
         raise UnsupportedModelError(
-            f"{getattr(text, 'model_type', type(text).__name__)}: cache layers of type {', '.join(other)} are not "
-            f"supported; rift-ada handles {' and '.join(SUPPORTED_LAYER_TYPES)} layers{hybrid}")
-    return [kw.get("sliding_window") if t == "sliding_attention" else None for t, kw in zip(types, kwargs)]
+            f"{name}: cache layers of type {', '.join(sorted(other))} are not supported; rift-ada handles "
+            f"{', '.join(KINDS)} layers and cache-free {'/'.join(NO_CACHE_BLOCKS)} blocks")
+    if not any(k.kind in ("full", "sliding") for k in kinds):
+        raise UnsupportedModelError(f"{name}: no attention layer (every layer keeps a recurrent state): there is no "
+                                    "KV cache for rift-ada to compress")
+    return kinds
 
 
 # --- the tested matrix ------------------------------------------------------------------------------------------------
@@ -140,6 +165,35 @@ def _gpt_oss(vocab, layers, hidden, heads, kv_heads, window, init):
     return GptOssConfig(**kw, sliding_window=window, num_local_experts=4, num_experts_per_tok=2)
 
 
+def _qwen3_5(vocab, layers, hidden, heads, kv_heads, window, init):
+    from transformers import Qwen3_5TextConfig
+
+    # Qwen3.5's own pattern (full attention every 4th layer, Gated DeltaNet elsewhere), with the last layer always
+    # attention so that a 2-layer draft has a KV cache too.
+    types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
+    types[-1] = "full_attention"
+    return Qwen3_5TextConfig(**_common(vocab, layers, hidden, heads, kv_heads, init), layer_types=types,
+                             linear_num_key_heads=kv_heads, linear_num_value_heads=heads,
+                             linear_key_head_dim=hidden // heads, linear_value_head_dim=hidden // heads)
+
+
+def _nemotron_h(vocab, layers, hidden, heads, kv_heads, window, init):
+    from transformers import NemotronHConfig
+
+    # Nemotron-H's blocks hold one thing each: Mamba-2 mixers and attention at even positions (attention at every
+    # second mixer; the last block if there is no other), MoE / MLP blocks after them (no cache at all).
+    types = ["full_attention" if i % 4 == 2 else "linear_attention" if i % 2 == 0 else "moe" if i % 4 == 1
+             else "mlp" for i in range(layers)]
+    if "full_attention" not in types:
+        types[-1] = "full_attention"
+    kw = _common(vocab, layers, hidden, heads, kv_heads, init)
+    kw.pop("num_hidden_layers")  # the block list sets the depth
+    return NemotronHConfig(**kw, layers_block_type=types, mamba_num_heads=heads, mamba_head_dim=hidden // heads,
+                           ssm_state_size=16, n_groups=kv_heads, conv_kernel=4, chunk_size=16, n_routed_experts=4,
+                           num_experts_per_tok=2, moe_intermediate_size=hidden // 2,
+                           moe_shared_expert_intermediate_size=hidden // 2)
+
+
 FAMILIES: list[Family] = [
     Family("Llama", "llama", _llama, "full"),
     Family("Qwen3", "qwen3", _qwen3, "full", "q/k norm"),
@@ -157,6 +211,12 @@ FAMILIES: list[Family] = [
     Family("GPT-OSS", "gpt-oss", _gpt_oss, "sliding / full alternating",
            "attention sinks, which SDPA cannot express: the observer wraps GPT-OSS's own eager attention; "
            "mixture of experts"),
+    Family("Qwen3.5 (text, `Qwen3_5ForCausalLM`)", "qwen3_5", _qwen3_5,
+           "full every 4th layer (`layer_types`); the others Gated DeltaNet linear attention (conv + recurrent state)",
+           "hybrid: the budget compresses the attention layers only; gated attention output, q/k norm, partial RoPE"),
+    Family("Nemotron-H", "nemotron_h", _nemotron_h,
+           "full in some blocks (`layers_block_type`); Mamba-2 blocks (conv + SSM state); MLP / MoE blocks (none)",
+           "hybrid; attention without RoPE (the Mamba layers carry position); mixture of experts"),
 ]
 
 

@@ -120,14 +120,17 @@ class _Probe:
 
 @torch.no_grad()
 def check_observable(model) -> None:
-    """One one-token forward: every decoder layer's attention must reach the observer with its ``layer_idx``
-    (UnsupportedModelError otherwise, e.g. attention that bypasses AttentionInterface)."""
+    """One one-token forward: every attention layer's attention must reach the observer with its ``layer_idx``
+    (UnsupportedModelError otherwise, e.g. attention that bypasses AttentionInterface). Linear-attention / Mamba and
+    cache-free layers have no attention to observe."""
+    from .architectures import layer_kinds
+
     use_rift_attention(model)
     probe = _Probe()
     ids = torch.zeros(1, 1, dtype=torch.long, device=model.device)
     model(ids, position_ids=torch.zeros_like(ids), use_cache=False, rift_observer=probe, logits_to_keep=1)
-    n = model.config.get_text_config(decoder=True).num_hidden_layers
-    if sorted(probe.seen) != list(range(n)):
+    want = [i for i, k in enumerate(layer_kinds(model.config)) if k.kind in ("full", "sliding")]
+    if sorted(probe.seen) != want:
         raise UnsupportedModelError(f"{type(model).__name__}: the attention of layers "
-                                    f"{sorted(set(range(n)) - set(probe.seen)) or sorted(probe.seen)} does not go "
+                                    f"{sorted(set(want) - set(probe.seen)) or sorted(probe.seen)} does not go "
                                     "through transformers' AttentionInterface, so rift-ada cannot observe it")

@@ -22,6 +22,12 @@ Sliding-window layers (Gemma 3, GPT-OSS, Mistral / Qwen3 with a window) keep the
 cache does, and the layout's budget applies to the full-attention layers (``RiftLayer``) only. A sliding layer's
 attention never sees beyond its window, so compressing it would change nothing but its memory, which the window
 already bounds.
+
+Linear-attention / Mamba layers of hybrid models (Qwen3.5, Nemotron-H) keep their fixed-size conv and recurrent
+states whole: a :class:`~rift_ada.states.StateLayer` (transformers' ``LinearAttentionLayer`` plus checkpoints). A
+recurrent state cannot be cropped, so a forward that may be rolled back is followed by ``checkpoint()``, and
+``crop(-n)`` / ``rollback(n)`` restore the states checkpointed ``n`` tokens earlier. Cache-free blocks (MLP / MoE)
+get transformers' ``DummyLayer``.
 """
 
 from __future__ import annotations
@@ -29,10 +35,11 @@ from __future__ import annotations
 import copy
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
+from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, DynamicSlidingWindowLayer
 
 from .layout import CacheLayout
 from .selection import gather_positions, observation_window, select_importance
+from .states import StateLayer
 
 
 class RiftLayer(CacheLayerMixin):
@@ -212,31 +219,40 @@ class RiftCache(Cache):
     """The draft's cache under a :class:`~rift_ada.layout.CacheLayout` (full, window, snapkv, rift).
 
     ``sliding_windows`` gives per layer None (a full-attention layer: a :class:`RiftLayer` under the layout) or the
-    model's window in tokens (a :class:`SlidingLayer`); omitted, every layer is a RIFT layer. ``for_config`` reads
-    them from a model's config. Only the RIFT layers are scored, refreshed and observed."""
+    model's window in tokens (a :class:`SlidingLayer`); omitted, every layer is a RIFT layer. ``kinds``
+    (``rift_ada.architectures.layer_kinds``) instead names every layer's kind, state and cache-free layers included;
+    ``for_config`` reads them from a model's config. Only the RIFT layers are scored, refreshed and observed."""
 
     def __init__(self, num_layers: int, layout: CacheLayout, store_device: str | torch.device | None = None,
-                 extra_queries: int = 64, sliding_windows: list[int | None] | None = None):
+                 extra_queries: int = 64, sliding_windows: list[int | None] | None = None, kinds: list | None = None):
+        from .architectures import LayerKind
+
         self.layout = layout
         self.scorer = layout.make_scorer()
-        windows = [None] * num_layers if sliding_windows is None else list(sliding_windows)
-        if len(windows) != num_layers:
-            raise ValueError(f"{len(windows)} sliding windows given for {num_layers} layers")
-        layers = [RiftLayer(layout.refreshable, store_device, layout.obs_window, extra_queries) if w is None
-                  else SlidingLayer(w) for w in windows]
+        if kinds is None:
+            windows = [None] * num_layers if sliding_windows is None else list(sliding_windows)
+            kinds = [LayerKind("full") if w is None else LayerKind("sliding", w) for w in windows]
+        if len(kinds) != num_layers:
+            raise ValueError(f"{len(kinds)} layer kinds given for {num_layers} layers")
+        make = {"full": lambda k: RiftLayer(layout.refreshable, store_device, layout.obs_window, extra_queries),
+                "sliding": lambda k: SlidingLayer(k.window), "state": lambda k: StateLayer(k.states),
+                "none": lambda k: DummyLayer()}
+        layers = [make[k.kind](k) for k in kinds]
         super().__init__(layers=layers)
         self.rift_layers = [layer for layer in layers if isinstance(layer, RiftLayer)]
+        self.kv_layers = [layer for layer in layers if isinstance(layer, (RiftLayer, SlidingLayer))]
+        self.state_layers = [layer for layer in layers if isinstance(layer, StateLayer)]
         self._reference_queries: list[torch.Tensor] | None = None
 
     @classmethod
     def for_config(cls, config, layout: CacheLayout, store_device: str | torch.device | None = None,
                    extra_queries: int = 64) -> "RiftCache":
-        """The cache for a model: one layer per decoder layer, sliding where the model slides (UnsupportedModelError
-        for layer types other than full and sliding attention)."""
-        from .architectures import layer_windows
+        """The cache for a model: one layer per decoder layer, of the model's own kind (UnsupportedModelError for
+        layer types rift-ada does not handle)."""
+        from .architectures import layer_kinds
 
-        windows = layer_windows(config)
-        return cls(len(windows), layout, store_device, extra_queries, sliding_windows=windows)
+        kinds = layer_kinds(config)
+        return cls(len(kinds), layout, store_device, extra_queries, kinds=kinds)
 
     # Called by rift_ada.attention for each layer of a forward that passes rift_observer=self.
     def observe_queries(self, layer_idx: int, query: torch.Tensor, positions: torch.Tensor | None = None) -> None:
@@ -247,11 +263,12 @@ class RiftCache(Cache):
     def load_from(self, cache: Cache) -> None:
         """Take keys and values of a prefilled target cache (self-speculation: one prefill serves both models)."""
         for layer, src in zip(self.layers, cache.layers):
-            layer.load(src)
+            if not isinstance(layer, DummyLayer):
+                layer.load(src)
 
     @property
     def length(self) -> int:
-        return self.layers[0].length
+        return self.kv_layers[0].length
 
     # --- the round protocol ---------------------------------------------------------------------------------------
     def compress(self) -> None:
@@ -274,6 +291,21 @@ class RiftCache(Cache):
             layer.reselect(self.scorer, self.layout.n_imp, layer.n_tail, layer.store_k, layer.store_v)
         self._remember_queries()
 
+    def checkpoint(self) -> None:
+        """Copy the linear-attention states after a forward that a rollback may return to (a no-op without such
+        layers). The decoder calls it after each draft forward but the round's last."""
+        for layer in self.state_layers:
+            layer.checkpoint(self.length)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the ``-tokens_to_remove`` newest tokens: KV layers crop; linear-attention layers restore the states
+        checkpointed that many tokens earlier."""
+        if tokens_to_remove:
+            for layer in self.state_layers:
+                layer.restore(self.length + tokens_to_remove)
+        for layer in self.kv_layers:
+            layer.crop(tokens_to_remove)
+
     def rollback(self, rejected: int) -> None:
         """End a round: drop its ``rejected`` newest tokens (from every layer), then evict tail tokens beyond the
         sliding window. In this order, so a rollback never needs a token that eviction removed."""
@@ -282,6 +314,8 @@ class RiftCache(Cache):
         for layer in self.rift_layers:
             layer.evict_tail(keep)
         self._trim_sliding()
+        for layer in self.state_layers:
+            layer.end_round()
 
     def _trim_sliding(self) -> None:
         for layer in self.layers:
@@ -308,20 +342,28 @@ class RiftCache(Cache):
         return float(1.0 - cos)
 
     def active_bytes_by_kind(self) -> dict[str, int]:
-        """Bytes of keys and values attention reads now: ``full`` (RIFT layers, under the budget) and ``sliding``
-        (the model's window layers, including the round in flight until the round's rollback trims them)."""
-        out = {"full": 0, "sliding": 0}
-        for layer in self.layers:
+        """Bytes the draft's layers hold now: keys and values attention reads, ``full`` (RIFT layers, under the
+        budget) and ``sliding`` (the model's window layers, including the round in flight until the round's
+        rollback trims them), and ``state``: the conv and recurrent states of linear-attention layers (fixed in
+        input length; their rollback checkpoints are ``checkpoint_bytes()``)."""
+        out = {"full": 0, "sliding": 0, "state": sum(layer.nbytes() for layer in self.state_layers)}
+        for layer in self.kv_layers:
             if layer.is_initialized and layer.keys is not None:
                 out["sliding" if isinstance(layer, SlidingLayer) else "full"] += layer.keys.nbytes + layer.values.nbytes
         return out
 
     def active_bytes(self) -> int:
-        return sum(self.active_bytes_by_kind().values())
+        """Attention KV only (``full`` + ``sliding``)."""
+        kinds = self.active_bytes_by_kind()
+        return kinds["full"] + kinds["sliding"]
+
+    def checkpoint_bytes(self) -> int:
+        """Bytes of the linear-attention checkpoint slots (up to k - 1 copies of the states, reused every round)."""
+        return sum(t.nbytes for layer in self.state_layers for slot in layer._slots for t in slot)
 
     def active_tokens(self) -> int:
-        """Active entries per head of the first RIFT layer (of the first layer if all layers slide)."""
-        return (self.rift_layers or self.layers)[0].n_active
+        """Active entries per head of the first RIFT layer (of the first KV layer if all attention layers slide)."""
+        return (self.rift_layers or self.kv_layers)[0].n_active
 
     def clone(self) -> "RiftCache":
         """An independent copy (for counterfactual forks)."""

@@ -20,7 +20,12 @@ import torch
 from .models import DTYPES, first_line, safetensors_problem
 
 FINGERPRINT_FILE = "rift_base.json"
-DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Every linear layer of the supported families (names match as module-name suffixes, as peft matches them):
+# attention and MLP, and the projections of linear-attention blocks: Qwen3.5's Gated DeltaNet (in_proj_qkv / _z /
+# _a / _b, linear_attn.out_proj) and Nemotron-H's Mamba-2 (in_proj only: its out_proj and conv1d weights are read
+# directly by the fused Mamba kernel, so peft refuses LoRA on them).
+DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                          "in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "linear_attn.out_proj", "in_proj")
 
 
 def _identity(model) -> dict:
@@ -78,8 +83,8 @@ def attach(model, rank: int = 8, alpha: int = 16, dropout: float = 0.0, target_m
     """A trainable LoRA wrapper around ``model`` (which is left frozen)."""
     from peft import LoraConfig, get_peft_model
 
-    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    modules = [m for m in target_modules if m in present]
+    names = [name for name, _ in model.named_modules()]
+    modules = [m for m in target_modules if any(n == m or n.endswith("." + m) for n in names)]
     if not modules:
         raise ValueError(f"none of the LoRA target modules {list(target_modules)} exist in this model")
     cfg = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=modules, bias="none",

@@ -39,6 +39,7 @@ def summarize(results: Sequence[DecodeResult], max_new_tokens: int) -> dict:
         vals = [row[q] for row in quarters if row[q] is not None]
         by_q.append(mean(vals) if vals else None)
     tokens = sum(len(r.tokens) for r in results)
+    rounds = sum(len(r.rounds) for r in results)
     decode_s = sum(r.decode_seconds for r in results)
     return {
         "acceptance_length": mean(acceptance_length(r.rounds) for r in results),
@@ -53,5 +54,13 @@ def summarize(results: Sequence[DecodeResult], max_new_tokens: int) -> dict:
         "draft_active_kv_bytes_full": max((x.active_kv_bytes_full for r in results for x in r.rounds), default=0),
         "draft_active_kv_bytes_sliding": max((x.active_kv_bytes_sliding for r in results for x in r.rounds),
                                              default=0),
+        # Hybrid drafts: linear-attention states (fixed in input length) and the rollback copies of them, apart
+        # from the attention KV above.
+        "draft_state_bytes": max((x.state_bytes for r in results for x in r.rounds), default=0),
+        "draft_state_checkpoint_bytes": max((x.state_checkpoint_bytes for r in results for x in r.rounds), default=0),
+        # What rolling both caches back costs: per round, and the share of rounds in which a hybrid target fed its
+        # kept tokens again.
+        "rollback_ms_per_round": 1000 * mean(x.rollback_seconds for r in results for x in r.rounds) if rounds else 0.0,
+        "target_replay_share": mean(x.target_replayed for r in results for x in r.rounds) if rounds else 0.0,
         "prompts": len(results),
     }

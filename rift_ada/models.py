@@ -154,14 +154,14 @@ def check_architecture(name_or_path: str | os.PathLike) -> None:
     config alone, so an unsupported model is refused before its weights load."""
     from transformers import AutoConfig
 
-    from .architectures import layer_windows
+    from .architectures import layer_kinds
 
     where = resolve(name_or_path)
     try:
         config = AutoConfig.from_pretrained(where)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"could not read a model config from {where!r}: {first_line(e)}") from None
-    layer_windows(config)
+    layer_kinds(config)
 
 
 def load_pair(target: str = "testbed", drafter: str = "testbed", device: str = "cpu", dtype=None) -> ModelPair:
@@ -195,3 +195,4 @@ def greedy_reference(model, prompt_ids: list[int], new_tokens: int, eos_token_id
                          eos_token_id=eos_token_id, pad_token_id=eos_token_id if eos_token_id is not None else 0,
                          top_p=None, top_k=None, temperature=None)
     return out[0, len(prompt_ids):].tolist()
+

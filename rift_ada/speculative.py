@@ -8,6 +8,10 @@ the trainers all drive this one object, so there is exactly one implementation o
 State between rounds: the target's cache holds every token except the last one emitted (``_t_pending``); the draft's
 cache holds every token except ``_d_pending`` (one token, or two after a round in which all k drafts were accepted,
 because the last draft token was never fed to the draft).
+
+Hybrid models (linear-attention / Mamba layers, ``rift_ada.states``) on either side: the draft checkpoints its
+states after each draft forward and restores the one after the last kept token; the target's states are copied
+before the verify forward, and a round that rejects a draft puts them back and feeds the kept tokens again.
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ import torch
 from transformers import DynamicCache
 
 from . import signals
-from .architectures import layer_windows
+from .architectures import layer_kinds
 from .attention import check_observable
 from .cache import RiftCache
 from .layout import CacheLayout
 from .models import check_vocab
+from .states import TargetStates
 
 @dataclass
 class RoundRecord:
@@ -37,12 +42,16 @@ class RoundRecord:
     drift: float  # query drift since the last scoring, when the decision was taken
     entropy_mean: float  # draft entropy (nats, temperature 1) over this round's draft steps
     entropy_max: float
-    active_kv_bytes: int  # draft's active KV at its largest this round (round's tokens in flight)
+    active_kv_bytes: int  # draft's active attention KV at its largest this round (round's tokens in flight)
     active_kv_bytes_full: int  # ... of it in full-attention (RIFT) layers
     active_kv_bytes_sliding: int  # ... of it in sliding-window layers
     draft_seconds: float
     verify_seconds: float
     refresh_seconds: float
+    rollback_seconds: float = 0.0  # both caches back to the kept tokens (a hybrid target's replay included)
+    state_bytes: int = 0  # draft's linear-attention conv + recurrent states (hybrid drafts; fixed in input length)
+    state_checkpoint_bytes: int = 0  # ... and the copies its rollback keeps (up to k - 1 of them)
+    target_replayed: bool = False  # a hybrid target fed the kept tokens again after a rejection
 
 
 @dataclass(frozen=True)
@@ -97,9 +106,9 @@ class SpeculativeDecoder:
     ``temperature=0`` is greedy (output equals the target's own greedy decoding); otherwise drafts are accepted by the
     exact rejection rule (Leviathan et al.), so outputs follow the target's sampling distribution.
 
-    Both models must be supported architectures (``rift_ada.architectures``): full-attention and sliding-window KV
-    layers, attention observable through AttentionInterface. Anything else is refused here, in one line
-    (UnsupportedModelError), before any decoding.
+    Both models must be supported architectures (``rift_ada.architectures``): full-attention, sliding-window and
+    linear-attention / Mamba layers, attention observable through AttentionInterface. Anything else is refused
+    here, in one line (UnsupportedModelError), before any decoding.
     """
 
     def __init__(self, target, draft=None, layout: CacheLayout | None = None, draft_length: int = 11,
@@ -115,8 +124,8 @@ class SpeculativeDecoder:
         self.draft = target if draft is None else draft
         self.self_speculative = draft is None or draft is target
         check_vocab(self.target, self.draft)
-        layer_windows(self.target.config)  # the target's cache must roll back exactly: full and sliding layers only
-        layer_windows(self.draft.config)
+        layer_kinds(self.target.config)  # both caches must roll back exactly: layer kinds rift-ada knows only
+        layer_kinds(self.draft.config)
         self.layout = layout or CacheLayout("full")
         self.k, self.temperature, self.top_p = draft_length, temperature, top_p
         self.eos_token_id = eos_token_id
@@ -144,19 +153,23 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         pos = torch.arange(ids.shape[1], device=self.device)[None]
         self.tcache = DynamicCache(config=self.target.config)
-        # Sliding layers of the target keep every token fed since the last crop, so a rejection can be rolled back
-        # once their window is full; each round's crop trims them back to the window.
-        self.tcache.activate_past_recording()
+        self._t_states = TargetStates(self.tcache)  # empty unless the target has linear-attention layers
         self.dcache = RiftCache.for_config(self.draft.config, self.layout, self.store_device)
         if self.self_speculative:
-            # One prefill serves both caches: same model, same tokens; the draft cache copies the keys and values.
+            # One prefill serves both caches: same model, same tokens; the draft cache copies the keys, values and
+            # states.
             logits = self.target(ids, cache=self.tcache, position_ids=pos, rift_observer=self.dcache,
                                  logits_to_keep=1).logits
             self.dcache.load_from(self.tcache)
         else:
             logits = self.target(ids, cache=self.tcache, position_ids=pos, logits_to_keep=1).logits
             self.draft(ids, cache=self.dcache, position_ids=pos, rift_observer=self.dcache, logits_to_keep=1)
-        self.tcache.crop(0)  # sliding layers back to their window (a no-op for full-attention layers)
+        # From now on sliding layers of the target keep every token fed since the last crop, so a rejection can be
+        # rolled back once their window is full (each round's crop trims them back to the window); so do the conv
+        # states of linear-attention layers. Activated after the prefill, which would otherwise record the whole
+        # prompt's conv inputs.
+        self.tcache.activate_past_recording()
+        self.tcache.crop(0)
         self.dcache.compress()
         first = self._sample(self._probs(logits[0, -1]), logits[0, -1])
         self._sync()
@@ -180,17 +193,21 @@ class SpeculativeDecoder:
         drafts, q_probs, entropies = self._draft(k)
         active_bytes = self.dcache.active_bytes_by_kind()
         clock.lap("draft")
+        if self._t_states:
+            self._t_states.take()  # a hybrid target's states before the verify forward
         t_logits = self._forward(self.target, self.tcache, self._t_pending + drafts, all_logits=True)
         n, nxt = self._accept(drafts, q_probs, t_logits)
         clock.lap("verify")
-        self._roll_back(k, n, drafts, nxt)
+        replayed = self._roll_back(k, n, drafts, nxt)
+        clock.lap("rollback")
         new = self._emit(drafts[:n] + [nxt])
         record = RoundRecord(
             position=before.generated, accepted=n, emitted=len(new), draft_length=k, refreshed=bool(refresh),
             tokens_since_refresh=before.tokens_since_refresh, drift=before.drift,
             entropy_mean=sum(entropies) / k if k else 0.0, entropy_max=max(entropies, default=0.0),
-            active_kv_bytes=sum(active_bytes.values()), active_kv_bytes_full=active_bytes["full"],
-            active_kv_bytes_sliding=active_bytes["sliding"], **clock.seconds)
+            active_kv_bytes=active_bytes["full"] + active_bytes["sliding"], active_kv_bytes_full=active_bytes["full"],
+            active_kv_bytes_sliding=active_bytes["sliding"], state_bytes=active_bytes["state"],
+            state_checkpoint_bytes=self.dcache.checkpoint_bytes(), target_replayed=replayed, **clock.seconds)
         self._publish(record)
         return record
 
@@ -198,6 +215,7 @@ class SpeculativeDecoder:
         """An independent copy of the decoding state (the models are shared): for counterfactual rollouts."""
         other = copy.copy(self)
         other.tcache, other.dcache = copy.deepcopy(self.tcache), self.dcache.clone()
+        other._t_states = TargetStates(other.tcache)
         other.result = copy.deepcopy(self.result)
         other.generator = torch.Generator(device=self.device)
         other.generator.set_state(self.generator.get_state())
@@ -215,8 +233,10 @@ class SpeculativeDecoder:
     def _draft(self, k: int) -> tuple[list[int], list, list[float]]:
         drafts, q_probs, entropies = [], [], []
         feed = self._d_pending
-        for _ in range(k):
+        for i in range(k):
             logits = self._forward(self.draft, self.dcache, feed, observe=True)
+            if i < k - 1:  # a hybrid draft's states after this token, should the round keep no more (no-op else)
+                self.dcache.checkpoint()
             q = self._probs(logits)
             drafts.append(self._sample(q, logits))
             q_probs.append(q)
@@ -224,10 +244,14 @@ class SpeculativeDecoder:
             feed = drafts[-1:]
         return drafts, q_probs, entropies
 
-    def _roll_back(self, k: int, n: int, drafts: list[int], nxt: int) -> None:
+    def _roll_back(self, k: int, n: int, drafts: list[int], nxt: int) -> bool:
         """The target fed 1 + k tokens and keeps 1 + n; the draft fed len(pending) + k - 1 tokens (the last draft
-        token is never fed) and keeps len(pending) + n."""
-        self.tcache.crop(-(k - n))
+        token is never fed) and keeps len(pending) + n. True if the target had to replay its kept tokens."""
+        replay = n < k and bool(self._t_states)
+        if replay:
+            self._replay_target(k, n, drafts)
+        else:
+            self.tcache.crop(-(k - n))
         fed_drafts = max(k - 1, 0)
         if n <= fed_drafts:
             self.dcache.rollback(fed_drafts - n)
@@ -236,6 +260,16 @@ class SpeculativeDecoder:
             self.dcache.rollback(0)
             self._d_pending = [drafts[-1], nxt]
         self._t_pending = [nxt]
+        return replay
+
+    def _replay_target(self, k: int, n: int, drafts: list[int]) -> None:
+        """A recurrent state cannot be cropped, and the verify forward's kernels give only its final value: put the
+        target back where the round began and feed it the 1 + n kept tokens again (one more forward, over <= k + 1
+        tokens). Its caches then hold exactly what feeding those tokens in one forward gives."""
+        self.tcache.crop(-(k + 1))  # attention layers (and recorded conv states) back to the round's start
+        self._t_states.restore()
+        self._forward(self.target, self.tcache, self._t_pending + drafts[:n])
+        self.tcache.crop(0)  # sliding layers and conv states back to their working size
 
     def _emit(self, new: list[int]) -> list[int]:
         if self.eos_token_id is not None and self.eos_token_id in new:
@@ -247,7 +281,8 @@ class SpeculativeDecoder:
 
     def _publish(self, record: RoundRecord) -> None:
         self.result.rounds.append(record)
-        self.result.decode_seconds += record.refresh_seconds + record.draft_seconds + record.verify_seconds
+        self.result.decode_seconds += (record.refresh_seconds + record.draft_seconds + record.verify_seconds
+                                       + record.rollback_seconds)
         self.tokens_since_refresh = (0 if record.refreshed else self.tokens_since_refresh) + record.emitted
         self.state = self._state()
 

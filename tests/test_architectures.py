@@ -5,7 +5,8 @@ another family, with full, rift-stat and rift-dyn draft caches and k in {1, 4, 1
 than every sliding window (16), so the target's sliding layers roll back after their window is full, and the draft's
 RIFT budget (24) compresses its full-attention layers. Greedy equality checks the target side; the draft side (its
 sliding layers keep the model's window) is checked by self-speculation on a full draft cache, which must accept every
-draft, and by logits against the model's own cache.
+draft, and by logits against the model's own cache. Hybrid families (Qwen3.5, Nemotron-H) run here too; their
+linear-attention states are checked in tests/test_hybrid.py.
 """
 
 import functools
@@ -70,8 +71,9 @@ def test_greedy_equals_target_generate(key, drafter, name):
         if drafter == "self" and name == "full":  # the draft computes exactly the target's logits
             assert all(r.accepted == r.draft_length for r in res.rounds), k
         for layer in dec.tcache.layers:  # the target's sliding layers are back at their window after each round
-            assert layer.keys.shape[-2] <= (WINDOW - 1 if layer.is_sliding else dec.tcache.get_seq_length())
-        for layer in dec.dcache.layers:
+            if getattr(layer, "keys", None) is not None:  # not a linear-attention or cache-free layer
+                assert layer.keys.shape[-2] <= (WINDOW - 1 if layer.is_sliding else dec.tcache.get_seq_length())
+        for layer in dec.dcache.kv_layers:
             if isinstance(layer, SlidingLayer):
                 assert layer.n_active == WINDOW - 1
             elif name != "full":
@@ -168,23 +170,28 @@ def test_observer_wraps_the_models_own_attention():
             oss(ids, rift_masks=[torch.ones(1, 2, 40, 40, dtype=torch.bool)] * 4)
 
 
-def test_hybrid_model_is_refused_in_one_line(tmp_path):
-    from transformers import AutoModelForCausalLM, Qwen3NextConfig
+def test_unsupported_layer_kinds_are_refused_in_one_line(tmp_path):
+    """Falcon-H1 runs attention and Mamba side by side in one layer (transformers' ``hybrid`` cache layer), which
+    rift-ada does not split; a model whose every layer is linear attention has no KV cache to compress."""
+    from transformers import AutoModelForCausalLM, FalconH1Config, Qwen3_5TextConfig
 
     from rift_ada.models import load_pair
 
-    cfg = Qwen3NextConfig(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=4,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
-                          linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4,
-                          num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+    cfg = FalconH1Config(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, mamba_d_ssm=64, mamba_n_heads=4,
+                         mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1, mamba_chunk_size=16)
     model = AutoModelForCausalLM.from_config(cfg).eval()
     for make in (lambda: SpeculativeDecoder(model), lambda: SpeculativeDecoder(target("llama"), model)):
-        with pytest.raises(UnsupportedModelError, match="linear_attention .* not supported yet") as e:
+        with pytest.raises(UnsupportedModelError, match="falcon_h1: cache layers of type hybrid are not") as e:
             make()
         assert "\n" not in str(e.value)
     cfg.save_pretrained(tmp_path)  # the config alone: refused before a tokenizer or weights are read
-    with pytest.raises(UnsupportedModelError, match="qwen3_next: cache layers of type linear_attention"):
+    with pytest.raises(UnsupportedModelError, match="falcon_h1: cache layers of type hybrid"):
         load_pair(str(tmp_path), "self")
+    linear_only = family("qwen3_5").config(layers=2)
+    linear_only.layer_types = ["linear_attention"] * 2
+    with pytest.raises(UnsupportedModelError, match="qwen3_5_text: no attention layer"):
+        RiftCache.for_config(linear_only, CacheLayout("full"))
 
 
 def test_attention_without_layer_idx_is_refused_in_one_line():

@@ -30,7 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rift_ada.attention import use_rift_attention
-from rift_ada.cache import RiftCache
+from rift_ada.cache import RiftCache, RiftLayer
 from rift_ada.layout import CacheLayout
 from rift_ada.selection import observation_window, select_importance
 from rift_ada.trainers.state import atomic_write, write_json
@@ -120,22 +120,27 @@ def dense_capture(model, ids: torch.Tensor) -> RiftCache:
     """One dense forward that records every layer's post-RoPE keys and queries (capacity for all positions)."""
     use_rift_attention(model)
     n = ids.shape[1]
-    cache = RiftCache(model.config.num_hidden_layers, CacheLayout("full"), extra_queries=n)
+    # The model's own layer kinds: a hybrid's linear-attention layers keep their states (they are never masked).
+    cache = RiftCache.for_config(model.config, CacheLayout("full"), extra_queries=n)
     model(ids, cache=cache, position_ids=torch.arange(n, device=ids.device)[None], rift_observer=cache,
           logits_to_keep=1)
     return cache
 
 
 def selections(cache: RiftCache, prompt_len: int, total_len: int, layout: CacheLayout,
-               period: int | None = None) -> list[list[tuple[int, torch.Tensor]]]:
+               period: int | None = None) -> list[list[tuple[int, torch.Tensor]] | None]:
     """Per layer: [(start, positions (batch, kv_heads, n))] with the selection made at ``start`` (the prompt end,
-    then every ``period`` tokens for RIFT-dyn), through the same layout and function the inference cache uses."""
+    then every ``period`` tokens for RIFT-dyn), through the same layout and function the inference cache uses;
+    None for a layer the budget does not apply to (linear-attention, cache-free and sliding layers)."""
     scorer = layout.make_scorer()
     starts = [prompt_len]
     if period:
         starts += list(range(prompt_len + period, total_len, period))
     out = []
     for layer in cache.layers:
+        if not isinstance(layer, RiftLayer):
+            out.append(None)
+            continue
         out.append([(s, select_importance(scorer, layer.keys, s, layout.n_imp, layout.tail_keep,
                                           *observation_window(layer.queries[:, :, :s], layer.query_pos[:s],
                                                               layout.obs_window)))
@@ -145,13 +150,16 @@ def selections(cache: RiftCache, prompt_len: int, total_len: int, layout: CacheL
 
 def build_masks(total_len: int, prompt_len: int, layer_selections, window: int, device=None) -> list[torch.Tensor]:
     """Per layer (batch, kv_heads, T, T) bool: causal prompt rows; continuation rows see the window band and the
-    importance positions of the selection in force."""
+    importance positions of the selection in force. None where a layer has no selection (it is not masked)."""
     t = torch.arange(total_len, device=device)[:, None]
     j = torch.arange(total_len, device=device)[None, :]
     causal = j <= t
     band = causal & (j >= t - window)
     masks = []
     for sels in layer_selections:
+        if sels is None:
+            masks.append(None)
+            continue
         b, h = sels[0][1].shape[:2]
         m = causal.expand(b, h, total_len, total_len).clone()
         m[:, :, prompt_len:] = band[prompt_len:]

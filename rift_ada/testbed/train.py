@@ -224,8 +224,9 @@ class Trainer:
             m.save_pretrained(d / name)
         (d / "done.json").write_text(json.dumps({"stage": k, "seconds": round(seconds, 1)}))
 
-    def _save_checkpoint(self, k: int, step: int, opts: dict, rng, nrng, running: dict) -> None:
-        state = {"stage": k, "step": step, "models": {n: m.state_dict() for n, m in self.models.items()},
+    def _save_checkpoint(self, k: int, step: int, opts: dict, rng, nrng, running: dict, elapsed: float) -> None:
+        state = {"stage": k, "step": step, "elapsed": elapsed,
+                 "models": {n: m.state_dict() for n, m in self.models.items()},
                  "optimizers": {n: o.state_dict() for n, o in opts.items()}, "rng": rng.getstate(),
                  "nrng": nrng.bit_generator.state, "running": running}
         tmp = self.work_dir / "checkpoint.pt.tmp"
@@ -282,13 +283,14 @@ class Trainer:
         opts = {n: _optimizer(m) for n, m in models.items()}
         rng, nrng = stage_rngs(self.seed, k)
         running = {n: {kind: [] for kind in stage.mix} for n in models}
-        step0 = 0
+        step0, t_before = 0, 0.0
         if ckpt is not None:
             for n, o in opts.items():
                 o.load_state_dict(ckpt["optimizers"][n])
             rng.setstate(ckpt["rng"])
             nrng.bit_generator.state = ckpt["nrng"]
             running, step0 = ckpt["running"], ckpt["step"]
+            t_before = ckpt.get("elapsed", 0.0)  # the stage's time in earlier sessions
         kinds, probs = zip(*stage.mix.items())
         t_stage, t_ckpt, tokens_seen = time.time(), time.time(), 0
         for step in range(step0, stage.steps):
@@ -327,9 +329,9 @@ class Trainer:
                     bar.update(stage.steps - step - 1)  # deterministic: the same losses end it at the same step
                     break
             if time.time() - t_ckpt > self.checkpoint_seconds and step + 1 < stage.steps:
-                self._save_checkpoint(k, step + 1, opts, rng, nrng, running)
+                self._save_checkpoint(k, step + 1, opts, rng, nrng, running, t_before + time.time() - t_stage)
                 t_ckpt = time.time()
-        seconds = time.time() - t_stage
+        seconds = t_before + time.time() - t_stage
         row = {"stage": k, "step": step + 1, "end_of_stage": True, "seconds": round(seconds, 1)}
         for n, m in self.models.items():
             if self.eval_windows:

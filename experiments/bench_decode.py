@@ -6,7 +6,8 @@
 For each prompt length it decodes the same prompts with a full draft cache and with RIFT (rift-stat) and reports the
 draft's peak active KV bytes and its time per draft forward. It then compares end-to-end tokens/s of rift-ada's
 speculative loop (external drafter; full draft cache, and rift-dyn) with HF assisted generation
-(`generate(assistant_model=...)`, fixed 11 draft tokens, no confidence stop) and with plain greedy `generate`,
+(`generate(assistant_model=...)`: fixed 11 draft tokens and no confidence stop, and HF's defaults) and with plain greedy
+`generate`,
 checking that all of them produce the same tokens.
 """
 
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
     from rift_ada.evaluate import evaluate
     from rift_ada.models import load_pair
     from rift_ada.layout import CacheLayout
-    from rift_ada.models import greedy_reference
+    from rift_ada.models import assisted_reference, greedy_reference
     from rift_ada.refresh import PeriodicController
     from rift_ada.speculative import SpeculativeDecoder
 
@@ -71,7 +72,10 @@ def main(argv=None) -> int:
               "threads": args.threads, "lengths": []}
 
     for length in args.lengths:
-        tasks = build_tasks(pair.tokenizer, "low", n=args.prompts, input_tokens=length, seed=0)
+        try:
+            tasks = build_tasks(pair.tokenizer, "low", n=args.prompts, input_tokens=length, seed=0)
+        except ValueError as e:
+            return fail(e)
         prompts = [encode(pair.tokenizer, t.prompt) for t in tasks]
         row = {"input_tokens": length}
         for name, layout in (("full", CacheLayout("full")), ("rift-stat", CacheLayout("rift", args.budget, store=False))):
@@ -95,22 +99,15 @@ def main(argv=None) -> int:
         plain, t_plain = timed(lambda: [greedy_reference(pair.target, ids, args.max_new_tokens, eos)
                                         for ids in prompts])
 
-        def hf_assisted():
-            outs = []
-            for ids in prompts:
-                x = torch.tensor([ids], device=pair.target.device)
-                y = pair.target.generate(x, attention_mask=torch.ones_like(x), assistant_model=pair.draft,
-                                         max_new_tokens=args.max_new_tokens, do_sample=False, num_assistant_tokens=args.draft_length,
-                                         num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0,
-                                         eos_token_id=eos, pad_token_id=eos)
-                outs.append(y[0, len(ids):].tolist())
-            return outs
-
-        hf, t_hf = timed(hf_assisted)
+        # HF assisted generation: with our setting (k draft tokens a round, no confidence stop) and with its defaults
+        # (20 tokens, drafting stops when the draft's top probability < 0.4).
+        hf = {name: timed(lambda k=k: [assisted_reference(pair.target, pair.draft, ids, args.max_new_tokens, k, eos)
+                                       for ids in prompts])
+              for name, k in (("hf_assisted", args.draft_length), ("hf_assisted_default", None))}
         n_tok = sum(len(t) for t in plain)
-        row["tokens_per_second"] = {**{k: n_tok / t for k, (_, t) in ours.items()}, "hf_assisted": n_tok / t_hf,
+        row["tokens_per_second"] = {**{k: n_tok / t for k, (_, t) in {**ours, **hf}.items()},
                                     "target_greedy": n_tok / t_plain}
-        row["same_output"] = {**{k: toks == plain for k, (toks, _) in ours.items()}, "hf_assisted": hf == plain}
+        row["same_output"] = {k: toks == plain for k, (toks, _) in {**ours, **hf}.items()}
         report["lengths"].append(row)
         print(json.dumps(row), file=sys.stderr)
 

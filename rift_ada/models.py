@@ -196,3 +196,30 @@ def greedy_reference(model, prompt_ids: list[int], new_tokens: int, eos_token_id
                          top_p=None, top_k=None, temperature=None)
     return out[0, len(prompt_ids):].tolist()
 
+
+ASSISTANT_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+
+
+def assisted_reference(target, draft, prompt_ids: list[int], new_tokens: int, draft_length: int | None = None,
+                       eos_token_id: int | None = None) -> list[int]:
+    """HF assisted generation (``generate(assistant_model=draft)``), greedy. ``draft_length=k``: exactly k draft
+    tokens a round and no confidence stop, the setting of rift-ada's loop; None: HF's defaults (20 draft tokens, a
+    round's drafting stops once the draft's top probability falls below 0.4).
+
+    These settings are read from the *assistant's* ``generation_config``: given to ``target.generate`` they are
+    silently ignored. They are set on the draft for the call and put back afterwards."""
+    cfg = draft.generation_config
+    saved = {a: getattr(cfg, a, None) for a in ASSISTANT_SETTINGS}
+    if draft_length is not None:
+        cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule = draft_length, "constant"
+        cfg.assistant_confidence_threshold = 0.0  # 0 disables the confidence stop
+    ids = torch.tensor([prompt_ids], device=target.device)
+    try:
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft,
+                              max_new_tokens=new_tokens, do_sample=False, eos_token_id=eos_token_id,
+                              pad_token_id=eos_token_id if eos_token_id is not None else 0, top_p=None, top_k=None,
+                              temperature=None)
+    finally:
+        for a, v in saved.items():
+            setattr(cfg, a, v)
+    return out[0, len(prompt_ids):].tolist()

@@ -8,7 +8,8 @@ draft's peak active KV bytes and its time per draft forward. It then compares en
 speculative loop (external drafter; full draft cache, and rift-dyn) with HF assisted generation
 (`generate(assistant_model=...)`: fixed 11 draft tokens and no confidence stop, and HF's defaults) and with plain greedy
 `generate`,
-checking that all of them produce the same tokens.
+checking that all of them produce the same tokens. Our loops are profiled as they run (``rift_ada.profiling``):
+``round_time`` splits their round time into model forwards, rescoring and the framework's overhead (the rest).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def main(argv=None) -> int:
     from rift_ada.models import load_pair
     from rift_ada.layout import CacheLayout
     from rift_ada.models import assisted_reference, greedy_reference
+    from rift_ada.profiling import profile_decode
     from rift_ada.refresh import PeriodicController
     from rift_ada.speculative import SpeculativeDecoder
 
@@ -91,11 +93,18 @@ def main(argv=None) -> int:
 
         # End-to-end, same tokens: rift-ada's loop with a full draft cache (HF's setting) and with rift-dyn, HF
         # assisted generation, plain greedy decoding.
-        ours = {}
+        # Our loops are profiled as they run: the share of round time outside model forwards and rescoring is the
+        # framework's overhead.
+        ours, overhead = {}, {}
         for label, layout, ctrl in (("rift_ada_full", CacheLayout("full"), None),
                                     ("rift_ada_dyn", CacheLayout("rift", args.budget), PeriodicController(args.period))):
             dec = SpeculativeDecoder(pair.target, pair.draft, layout, args.draft_length, eos_token_id=eos)
-            ours[label] = timed(lambda: [dec.generate(ids, args.max_new_tokens, ctrl).tokens for ids in prompts])
+            runs = [profile_decode(dec, ids, args.max_new_tokens, ctrl) for ids in prompts]
+            ours[label] = [r.tokens for r in runs], sum(r.seconds for r in runs)
+            step = sum(r.step_seconds for r in runs)
+            overhead[label] = {"round_seconds": step, "forward_share": sum(r.forward_seconds for r in runs) / step,
+                               "refresh_share": sum(r.refresh_seconds for r in runs) / step,
+                               "overhead_share": sum(r.overhead_seconds for r in runs) / step}
         plain, t_plain = timed(lambda: [greedy_reference(pair.target, ids, args.max_new_tokens, eos)
                                         for ids in prompts])
 
@@ -108,6 +117,7 @@ def main(argv=None) -> int:
         row["tokens_per_second"] = {**{k: n_tok / t for k, (_, t) in {**ours, **hf}.items()},
                                     "target_greedy": n_tok / t_plain}
         row["same_output"] = {k: toks == plain for k, (toks, _) in {**ours, **hf}.items()}
+        row["round_time"] = overhead
         report["lengths"].append(row)
         print(json.dumps(row), file=sys.stderr)
 

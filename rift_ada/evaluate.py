@@ -9,11 +9,16 @@ whole after prefill (a note on stderr says so; full-cache comparisons are legiti
 
 In Python, ``evaluate(decoder, prompts, controller)`` is the same run on a decoder you built; the policy table, the
 benchmark and the trainers call it.
+
+Data parallel: ``torchrun --nproc-per-node N -m rift_ada.evaluate ...`` splits the prompts across N processes (each on
+cuda:LOCAL_RANK with --device cuda); rank 0 prints what one process would, timings aside (rift_ada.distributed).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import sys
 from dataclasses import dataclass, field
@@ -21,6 +26,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from tqdm.auto import tqdm
 
+from . import distributed
 from .cli import (ArgumentParser, add_cache_options, add_decoding_options, add_model_options, add_runtime_options,
                   add_task_options, apply_runtime, fail, policy_from_args, tasks_from_args)
 from .metrics import acceptance_length, summarize
@@ -39,24 +45,30 @@ class Evaluation:
 def evaluate(decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]], controller=None,
              max_new_tokens: int = 256, greedy_check: bool = False, progress: bool | str = False) -> Evaluation:
     """Decode every prompt with ``decoder``; ``controller`` (``rift_ada.refresh``) decides refreshes, None never.
-    ``greedy_check`` compares each output with the target's own greedy ``generate`` (greedy decoding only)."""
+    ``greedy_check`` compares each output with the target's own greedy ``generate`` (greedy decoding only).
+
+    Under torchrun, once ``rift_ada.distributed.init`` has joined the process group, each process decodes its shard
+    of ``prompts`` (every process must call this with the same prompts and settings) and every process returns the
+    whole Evaluation, in prompt order: the same as one process's, timings aside. Only rank 0 shows progress."""
     from .models import greedy_reference
 
     if greedy_check and decoder.temperature != 0:
         raise ValueError("the greedy check needs temperature 0")
-    results, rows, matches = [], [], []
     desc = progress if isinstance(progress, str) else "evaluate"
-    for i, ids in enumerate(tqdm(prompts, desc=desc, disable=not progress)):
-        res = decoder.generate(ids, max_new_tokens, controller)
-        results.append(res)
-        row = {"prompt": i, "prompt_tokens": len(ids), "acceptance_length": acceptance_length(res.rounds),
-               "refreshes": res.refreshes, "generated_tokens": len(res.tokens)}
-        if greedy_check:
-            ref = greedy_reference(decoder.target, list(ids), max_new_tokens, decoder.eos_token_id)
-            matches.append(ref == res.tokens)
-            row["target_greedy_match"] = matches[-1]
-        rows.append(row)
+    decoded = []  # (prompt index, (result, row)) for this process's shard: all prompts in a single process
+    for i, ids in tqdm(distributed.shard(prompts), desc=desc, disable=not progress or not distributed.is_main()):
+        with distributed.on_shard(i):
+            res = decoder.generate(ids, max_new_tokens, controller)
+            row = {"prompt": i, "prompt_tokens": len(ids), "acceptance_length": acceptance_length(res.rounds),
+                   "refreshes": res.refreshes, "generated_tokens": len(res.tokens)}
+            if greedy_check:
+                ref = greedy_reference(decoder.target, list(ids), max_new_tokens, decoder.eos_token_id)
+                row["target_greedy_match"] = ref == res.tokens
+        decoded.append((i, (res, row)))
+    gathered = distributed.gather(decoded)  # every process's shard, in prompt order
+    results, rows = [res for res, _ in gathered], [row for _, row in gathered]
     summary = summarize(results, max_new_tokens)
+    matches = [row["target_greedy_match"] for row in rows] if greedy_check else []
     summary["target_greedy_match"] = sum(matches) / len(matches) if matches else None
     return Evaluation(results, summary, rows)
 
@@ -108,7 +120,7 @@ def run(args) -> dict:
     prompts = [encode(pair.tokenizer, task.prompt) for task in tasks]
     budget = policy.layout.budget
     whole = [len(ids) for ids in prompts if budget is None or len(ids) <= budget]
-    if whole and budget is not None:
+    if whole and budget is not None and distributed.is_main():
         print(f"note: budget {budget} >= prompt length for {len(whole)} of {len(prompts)} prompts (up to "
               f"{max(whole)} tokens): the draft cache holds them whole, prefill compresses nothing", file=sys.stderr)
     ev = evaluate(dec, prompts, policy.controller, args.max_new_tokens,
@@ -123,16 +135,29 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    if distributed.is_main():
+        args = build_parser().parse_args(argv)
+    else:  # under torchrun every process parses the same options: rank 0 alone prints --help or a usage error
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            args = build_parser().parse_args(argv)
     try:
         apply_runtime(args)
-        if args.json:
+        # Under torchrun: this process's device (cuda -> cuda:LOCAL_RANK) and the process group; no-ops otherwise.
+        args.device = distributed.local_device(args.device)
+        distributed.init(args.device)
+        if args.json or not distributed.is_main():
             from transformers.utils import logging as hf_logging
 
             hf_logging.disable_progress_bar()
         out = run(args)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
-        return fail(e)
+        # Every process runs the same setup and meets the same bad input: rank 0 reports it. An error on one
+        # process's own shard (RankError) is reported by that process.
+        return fail(e) if distributed.is_main() or isinstance(e, distributed.RankError) else 2
+    finally:
+        distributed.destroy()
+    if not distributed.is_main():
+        return 0
     if args.json:
         print(json.dumps(out))
     else:

@@ -1,0 +1,138 @@
+"""Data-parallel evaluation under ``torchrun``: every process decodes a shard of the prompts, results are gathered.
+
+    torchrun --nproc-per-node 2 -m rift_ada.evaluate --json ...
+
+``init(device)`` joins the process group torchrun describes in its environment (gloo on CPU, nccl on CUDA, where
+process ``LOCAL_RANK`` takes ``cuda:LOCAL_RANK``, see :func:`local_device`); without torchrun it does nothing and the
+world is one process. :func:`shard` and :func:`gather` are then the identity, so code written with them runs
+unchanged in a single process. ``rift_ada.evaluate.evaluate`` uses them; nothing here patches torch or anything else.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from contextlib import contextmanager
+from typing import Sequence, TypeVar
+
+import torch
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+# Processes meet once, at the gather after their shards: a shard that takes long (long prompts on one process) must
+# not time the others out, as torch's defaults (30 min gloo, 10 min nccl) would.
+TIMEOUT = datetime.timedelta(hours=24)
+
+
+class RankError(RuntimeError):
+    """An error one process hit on its own shard (the others may not have): every process prints its own, unlike
+    errors in the identical setup before the shards, which rank 0 alone reports."""
+
+
+def launched() -> bool:
+    """True in a process started by torchrun (it sets ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK`` ...)."""
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        raise ValueError(f"torchrun's {name}={os.environ[name]!r} is not an integer") from None
+
+
+def local_device(device: str) -> str:
+    """The device this process decodes on: ``cuda`` becomes ``cuda:LOCAL_RANK`` under torchrun; anything else is
+    kept. ValueError (the same on every process) for more processes on this node than CUDA devices, or for one
+    ``cuda:N`` shared by several processes."""
+    if not launched() or torch.device(device).type != "cuda":
+        return device
+    local, per_node = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1)
+    if torch.device(device).index is not None:
+        if per_node > 1:
+            raise ValueError(f"--device {device}: under torchrun give --device cuda (process LOCAL_RANK takes "
+                             f"cuda:LOCAL_RANK), not one device for all {per_node} processes")
+        return device
+    n = torch.cuda.device_count()
+    if per_node > n:
+        raise ValueError(f"torchrun started {per_node} processes on this node but it has {n} CUDA device(s); use "
+                         f"--nproc-per-node {n} or fewer")
+    return f"cuda:{local}"
+
+
+def init(device: str = "cpu") -> int:
+    """Join torchrun's process group (once; later calls only return the size) and return the world size: 1, and
+    nothing done, outside torchrun. ``device`` is this process's device (:func:`local_device`): a CUDA device picks
+    nccl and becomes the current device, anything else gloo."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    if not launched():
+        return 1
+    if not dist.is_available():
+        raise RuntimeError(f"torchrun set WORLD_SIZE but this torch ({torch.__version__}) has no torch.distributed")
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)  # nccl's object collectives run on the current device
+        dist.init_process_group("nccl", timeout=TIMEOUT, device_id=dev)
+    else:
+        dist.init_process_group("gloo", timeout=TIMEOUT)
+    return dist.get_world_size()
+
+
+def destroy() -> None:
+    """Leave the process group (no-op when none was joined)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def is_main() -> bool:
+    """Whether this process prints: rank 0 (torchrun's ``RANK`` before :func:`init` and after :func:`destroy`), or
+    the only process there is."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return not launched() or os.environ["RANK"] == "0"
+
+
+def shard(items: Sequence[T]) -> list[tuple[int, T]]:
+    """This process's share of ``items`` with their indices: strided (rank r gets r, r + W, r + 2W ...), so prompts
+    of growing length spread evenly. All of them, in order, in a single process; empty when there are fewer items
+    than processes."""
+    return [(i, items[i]) for i in range(rank(), len(items), world_size())]
+
+
+def gather(indexed: list[tuple[int, T]]) -> list[T]:
+    """Every process's ``(index, item)`` pairs (from :func:`shard`), as one list of items in index order, returned to
+    every process (``all_gather_object``, a collective: each process must call it). The items are pickled. In a single
+    process: the items, in order."""
+    if world_size() == 1:
+        pairs = list(indexed)
+    else:
+        parts: list = [None] * world_size()
+        dist.all_gather_object(parts, list(indexed))
+        pairs = [pair for part in parts for pair in part]
+    pairs.sort(key=lambda pair: pair[0])
+    if [i for i, _ in pairs] != list(range(len(pairs))):
+        raise RuntimeError(f"gathered indices {[i for i, _ in pairs]} are not 0..{len(pairs) - 1}: the processes "
+                           "sharded different lists")
+    return [item for _, item in pairs]
+
+
+@contextmanager
+def on_shard(index: int):
+    """Around one item of this process's shard: under torchrun a ValueError / RuntimeError becomes a
+    :class:`RankError` naming the process and the item; in a single process errors pass unchanged."""
+    try:
+        yield
+    except (ValueError, RuntimeError) as e:
+        if world_size() == 1 or isinstance(e, RankError):
+            raise
+        raise RankError(f"rank {rank()}, item {index}: {e}") from e

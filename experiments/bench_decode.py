@@ -87,6 +87,7 @@ def main(argv=None) -> int:
             steps = sum(r.draft_length for r in rounds)
             row[name] = {
                 "draft_ms_per_step": 1000 * sum(r.draft_seconds for r in rounds) / max(steps, 1),
+                "verify_ms_per_round": 1000 * sum(r.verify_seconds for r in rounds) / max(len(rounds), 1),
                 "draft_active_kv_bytes": ev.summary["draft_active_kv_bytes"],
                 "acceptance_length": ev.summary["acceptance_length"],
             }

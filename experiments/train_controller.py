@@ -5,17 +5,21 @@
 
 1. Counterfactual data on training prompts: at many decoder states, fork, refresh in one branch only, and compare
    the accepted tokens of the next rounds.
-2. A logistic controller fitted on those labels; a PPO controller per refresh-cost weight lambda in RefreshEnv.
-3. Every family swept across its knob on held-out prompts (periodic: period; threshold: acceptance level;
-   logistic: decision threshold; PPO: lambda), giving acceptance length (AL) versus refreshes per 1K tokens.
-4. Output folder: tradeoff.csv, tradeoff.png, metrics.json, the best learned controller exported
+2. A logistic controller fitted on those labels; per refresh-cost weight lambda, a controller of each SB3 learner in
+   --learners (PPO, DQN) trained in RefreshEnv with --reward tokens (accepted drafts - lambda x refresh cost) or time
+   (modelled tokens per second: round times from a cost model measured once at the start, rift_ada.costs).
+3. Every family swept across its knob on held-out prompts (periodic: period; threshold: acceptance level; entropy:
+   draft-entropy level, at quantiles of the entropies in the counterfactual data; logistic: decision threshold;
+   PPO, DQN: lambda), giving acceptance length (AL) and modelled tokens per second versus refreshes per 1K tokens.
+4. Output folder: tradeoff.csv, tradeoff.png (AL vs refreshes), tradeoff_time.png (modelled tokens/s vs refreshes),
+   metrics.json (with the cost model and each point's modelled tokens/s), the best learned controller exported
    (controller.json or controller.pt, loadable without scikit-learn or stable-baselines3), and a W&B run (offline by
    default: ``wandb sync <output-dir>/wandb/offline-run-*`` uploads it later).
 5. Prints, per learned family, the % fewer refreshes than periodic refresh at matched AL and the AL gain at a matched
    refresh count.
 
-Resuming: each finished unit of work (one prompt's counterfactual data, the logistic fit, one PPO run per lambda,
-one sweep point) is stored in <output-dir>/state as soon as it ends. After a kill at any point, ``--resume`` (with the
+Resuming: each finished unit of work (the cost measurement, one prompt's counterfactual data, the logistic fit, one
+PPO or DQN run per lambda, one sweep point) is stored in <output-dir>/state as soon as it ends. After a kill at any point, ``--resume`` (with the
 same options) loads the finished units, redoes the interrupted one from its start and ends with the same
 tradeoff.csv as an uninterrupted run (every unit is seeded on its own; bit-identical on the same machine and
 --threads). The W&B run resumes under the same id (offline: one offline-run-* folder per session, which ``wandb
@@ -38,7 +42,8 @@ from tqdm.auto import tqdm
 from rift_ada import signals
 from rift_ada.cli import (ArgumentParser, add_cache_options, add_decoding_options, add_model_options,
                           add_runtime_options, apply_runtime, fail, policy_from_args, require_positive)
-from rift_ada.refresh import LogisticController, NeverController, PeriodicController, ThresholdController
+from rift_ada.refresh import (EntropyController, LogisticController, NeverController, PeriodicController,
+                              ThresholdController)
 from rift_ada.tradeoff import matched_comparison
 from rift_ada.trainers.state import atomic_write, config_of, open_state, write_json
 
@@ -59,16 +64,30 @@ def parse_args(argv=None):
     t = p.add_argument_group("training")
     t.add_argument("--horizon", type=int, default=8, help="rounds per counterfactual branch")
     t.add_argument("--label-every", type=int, default=2, help="label every n-th round of the data trajectories")
-    t.add_argument("--refresh-cost", type=float, default=2.0, help="cost of one refresh in draft-token equivalents")
+    t.add_argument("--reward", default="tokens", choices=["tokens", "time"],
+                   help="what PPO / DQN maximise: tokens = accepted drafts - lambda x --refresh-cost per refresh; time "
+                        "= modelled tokens per second (each round's time from costs measured once on this machine, "
+                        "lambda weighting the refresh time; see envs/refresh_env.py)")
+    t.add_argument("--refresh-cost", type=float, default=2.0,
+                   help="cost of one refresh in draft-token equivalents (--reward tokens; also the default "
+                        "--label-margin)")
     t.add_argument("--label-margin", type=float, default=None,
                    help="label a state 'refresh' when refreshing gains more accepted tokens than this over the "
                         "horizon (default: the refresh cost)")
     t.add_argument("--ppo-timesteps", type=int, default=2000,
                    help="PPO environment steps (rounds) per lambda, rounded up to whole rollouts of 256")
-    t.add_argument("--lams", type=float, nargs="+", default=[1.0, 4.0], help="refresh-cost weights for PPO")
+    t.add_argument("--learners", default="ppo",
+                   help="comma-separated stable-baselines3 learners to train per lambda: ppo, dqn (e.g. ppo,dqn)")
+    t.add_argument("--dqn-timesteps", type=int, default=2000,
+                   help="DQN environment steps (rounds) per lambda, rounded up to a multiple of the 2 envs")
+    t.add_argument("--lams", type=float, nargs="+", default=[1.0, 4.0],
+                   help="refresh-cost weights for the learners (their knob on the tradeoff curve)")
     k = p.add_argument_group("tradeoff sweep")
     k.add_argument("--periods", type=int, nargs="+", default=[16, 32, 64, 128, 256])
     k.add_argument("--acc-thresholds", type=float, nargs="+", default=[0.3, 0.5, 0.7, 0.85])
+    k.add_argument("--entropy-quantiles", type=float, nargs="+", default=[0.5, 0.75, 0.9, 0.97],
+                   help="entropy rule: refresh when the last round's mean draft entropy exceeds these quantiles of "
+                        "the entropies in the counterfactual data (the knob reported is the entropy level)")
     k.add_argument("--logistic-thresholds", type=float, nargs="+", default=[0.3, 0.5, 0.7, 0.85])
     o = p.add_argument_group("output")
     o.add_argument("--seed", type=int, default=0)
@@ -82,16 +101,25 @@ def parse_args(argv=None):
                    help="delete a previous run's state and results in --output-dir first (its W&B logs stay)")
     args = p.parse_args(argv)
     require_positive(p, args, ("budget", "max_new_tokens", "train_prompts", "eval_prompts", "horizon",
-                               "ppo_timesteps", "draft_length", "label_every", "threads"))
+                               "ppo_timesteps", "dqn_timesteps", "draft_length", "label_every", "threads"))
     if any(x <= 0 for x in args.periods) or any(x < 0 for x in args.lams) or args.refresh_cost < 0:
         p.error("periods must be > 0; lambdas and the refresh cost >= 0")
-    if any(not 0 < x < 1 for x in args.acc_thresholds + args.logistic_thresholds):
-        p.error("thresholds must lie in (0, 1)")
+    if any(not 0 < x < 1 for x in args.acc_thresholds + args.logistic_thresholds + args.entropy_quantiles):
+        p.error("thresholds and entropy quantiles must lie in (0, 1)")
+    args.learners = ",".join(dict.fromkeys(x.strip() for x in args.learners.split(",") if x.strip()))
+    unknown = [x for x in args.learners.split(",") if x not in LEARNERS]
+    if unknown or not args.learners:
+        p.error(f"--learners: {', '.join(unknown) or 'none given'}; choose among {', '.join(LEARNERS)} "
+                "(comma-separated)")
     return args
 
 
+LEARNERS = ("ppo", "dqn")  # stable-baselines3 learners, each trained once per lambda
+
+
 # Files of a finished run (refused or deleted as "a previous run"), and options that do not change its results.
-RESULT_FILES = ("tradeoff.csv", "tradeoff.png", "metrics.json", "controller.json", "controller.pt")
+RESULT_FILES = ("tradeoff.csv", "tradeoff.png", "tradeoff_time.png", "metrics.json", "controller.json",
+                "controller.pt")
 SESSION_OPTIONS = ("output_dir", "resume", "overwrite", "threads", "wandb_project", "wandb_mode")
 
 
@@ -111,14 +139,16 @@ def main(argv=None) -> int:
         return 0
 
     from rift_ada.controllers import fit_logistic
+    from rift_ada.costs import CostModel, measure_costs
     from rift_ada.data import encode_prompts
     from rift_ada.envs import RefreshEnv
     from rift_ada.evaluate import evaluate
     from rift_ada.layout import CacheLayout
     from rift_ada.models import load_pair
-    from rift_ada.refresh import PPOController
+    from rift_ada.refresh.mlp import MLP_KINDS
     from rift_ada.speculative import SpeculativeDecoder
     from rift_ada.trainers import counterfactual
+    from rift_ada.trainers.dqn import export_dqn, train_dqn
     from rift_ada.trainers.ppo import export_ppo, train_ppo
     from rift_ada.trainers.wandb_logging import ResumableRun, sb3_logger
 
@@ -139,18 +169,29 @@ def main(argv=None) -> int:
         return SpeculativeDecoder(pair.target, draft, lay, args.draft_length, temperature=args.temperature,
                                   top_p=args.top_p, eos_token_id=pair.tokenizer.eos_token_id, seed=seed)
     sweep = sweep_units(args)
+    learners = args.learners.split(",")
+    trained = [f"{ln}-lam{x:g}" for ln in learners for x in args.lams]
     done = [sum(state.has(n) for n in names) for names in (
-        [f"counterfactual-{i:03d}" for i in range(len(train_ids))], [f"ppo-lam{x:g}" for x in args.lams],
-        [name for name, *_ in sweep])]
+        [f"counterfactual-{i:03d}" for i in range(len(train_ids))], trained, [name for name, *_ in sweep])]
     if any(done):
-        print(f"resuming {out}: {done[0]}/{len(train_ids)} counterfactual prompts, {done[1]}/{len(args.lams)} PPO "
-              f"runs, {done[2]}/{len(sweep)} sweep points already done", file=sys.stderr)
+        print(f"resuming {out}: {done[0]}/{len(train_ids)} counterfactual prompts, {done[1]}/{len(trained)} "
+              f"{'/'.join(ln.upper() for ln in learners)} runs, {done[2]}/{len(sweep)} sweep points already done",
+              file=sys.stderr)
     # The W&B run's id lives in the state, so a resumed job logs to the same run.
     run = ResumableRun(state.path("wandb.json"), project=args.wandb_project, mode=args.wandb_mode, dir=str(out),
                        config=config, job_type="train_controller")
 
     # Every unit below is deterministic given its inputs (greedy decoding; seeded decoders, PPO and logistic fit) and
     # returns what its state file holds, so resumed and uninterrupted runs continue with identical values.
+    # 0. The cost model, measured once (a unit: a resumed run models time with the same costs) ------------------
+    try:
+        costs = CostModel.from_dict(state.unit("costs", lambda: measure_costs(
+            make_decoder(), train_ids[0], max(128, args.max_new_tokens)).to_dict()))
+    except ValueError as e:
+        return fail(e)
+    print(f"cost model: draft step {1e3 * costs.draft_step_s:.2f} ms, verify {1e3 * costs.verify_s:.2f} ms, refresh "
+          f"{1e3 * costs.refresh_s:.2f} ms", file=sys.stderr)
+
     # 1. Counterfactual data, one unit per prompt ----------------------------------------------------------------
     periods = counterfactual.behaviour_periods(len(train_ids), seed=args.seed)
     dec = make_decoder()
@@ -171,7 +212,7 @@ def main(argv=None) -> int:
     print(f"counterfactual data: {len(labels)} states, {data_stats['positive_rate']:.1%} where refreshing paid off "
           f"({sum(p['seconds'] for p in parts):.0f} s)", file=sys.stderr)
 
-    # 2. Logistic (one unit) and PPO (one unit per lambda) -----------------------------------------------------------
+    # 2. Logistic (one unit), PPO / DQN (one unit per learner and lambda) ----------------------------------------------
     def logistic_unit():
         run.log({f"data/{k}": v for k, v in data_stats.items()})
         if len(np.unique(labels)) < 2:
@@ -186,38 +227,60 @@ def main(argv=None) -> int:
         print("warning: every counterfactual label is the same; skipping the logistic controller (collect more "
               "states with --train-prompts / --label-every, or change --label-margin)", file=sys.stderr)
 
-    def ppo(lam, name):
+    train = {"ppo": (train_ppo, export_ppo, args.ppo_timesteps), "dqn": (train_dqn, export_dqn, args.dqn_timesteps)}
+
+    def learn(learner, lam, name):
         env_fns = [lambda i=i: RefreshEnv(make_decoder(seed=i), train_ids, args.max_new_tokens, lam=lam,
-                                          refresh_cost=args.refresh_cost) for i in range(2)]
-        prefix = f"ppo_lam{lam:g}"
+                                          refresh_cost=args.refresh_cost, reward=args.reward, costs=costs)
+                   for i in range(2)]
+        prefix = f"{learner}_lam{lam:g}"
         run.define_metric(f"{prefix}/*", step_metric=f"{prefix}/timesteps")
-        model, venv = train_ppo(env_fns, args.ppo_timesteps, seed=args.seed, logger=sb3_logger(run.log, prefix),
-                                progress=f"PPO lambda={lam:g}")
-        atomic_write(state.path(f"{name}.pt"), export_ppo(model, venv, lam).save)  # before the unit's JSON
+        fit_fn, export_fn, timesteps = train[learner]
+        model, venv = fit_fn(env_fns, timesteps, seed=args.seed, logger=sb3_logger(run.log, prefix),
+                             progress=f"{learner.upper()} lambda={lam:g}")
+        atomic_write(state.path(f"{name}.pt"), export_fn(model, venv, lam).save)  # before the unit's JSON
         return {"lam": lam}
 
-    ppo_units, ppo_controllers = [], {}
-    for lam in args.lams:
-        name = f"ppo-lam{lam:g}"
-        ppo_units.append(state.unit(name, lambda lam=lam, name=name: ppo(lam, name)))
-        ppo_controllers[lam] = PPOController.load(state.path(f"{name}.pt"))  # the same weights whether resumed or not
+    learner_units, learned = [], {}
+    for learner in learners:
+        for lam in args.lams:
+            name = f"{learner}-lam{lam:g}"
+            learner_units.append(state.unit(name, lambda lr=learner, lam=lam, name=name: learn(lr, lam, name)))
+            # the same weights whether resumed or not
+            learned[learner, lam] = MLP_KINDS[learner].load(state.path(f"{name}.pt"))
 
     # 3. Tradeoff sweep on held-out prompts, one unit per point --------------------------------------------------------
     dec = make_decoder()
 
     def sweep_point(family, ctrl):
-        res = evaluate(make_decoder(CacheLayout("full")) if family == "full" else dec, eval_ids, ctrl,
-                       args.max_new_tokens).summary
+        ev = evaluate(make_decoder(CacheLayout("full")) if family == "full" else dec, eval_ids, ctrl,
+                      args.max_new_tokens)
+        res = ev.summary
+        # What the modelled time needs, not the time itself: the stored point stays independent of the costs.
         return {"acceptance_length": res["acceptance_length"], "refreshes_per_1k": res["refreshes_per_1k_tokens"],
-                "refreshes": res["refreshes"]}
+                "refreshes": res["refreshes"], "tokens": res["generated_tokens"],
+                "rounds": sum(len(r.rounds) for r in ev.results),
+                "drafted": sum(x.draft_length for r in ev.results for x in r.rounds)}
 
     logistic = None if fit["weights"] is None else LogisticController(np.asarray(fit["weights"]), fit["bias"])
+    entropy_levels = entropy_thresholds(data.X, args.entropy_quantiles)
+    if entropy_levels is None:
+        print("warning: no counterfactual states to take entropy quantiles from; skipping the entropy rule",
+              file=sys.stderr)
     controllers = {"never": lambda _: NeverController(), "periodic": PeriodicController,
                    "threshold": lambda x: ThresholdController([("acc_mean", "<", x)]),
+                   "entropy": EntropyController,
                    "logistic": lambda x: LogisticController(logistic.weights, logistic.bias, x),
-                   "ppo": lambda lam: ppo_controllers[lam], "full": lambda _: None}
-    points = [(name, family, knob, controllers[family](knob)) for name, family, knob in sweep
-              if family != "logistic" or logistic is not None]
+                   "ppo": lambda lam: learned["ppo", lam], "dqn": lambda lam: learned["dqn", lam],
+                   "full": lambda _: None}
+    points = []
+    for name, family, knob in sweep:
+        if family == "entropy":  # the unit is named by its quantile; the knob is the entropy level it gives
+            if entropy_levels is None:
+                continue
+            knob = entropy_levels[knob]
+        if family != "logistic" or logistic is not None:
+            points.append((name, family, knob, controllers[family](knob)))
     results = [state.unit(name, lambda family=family, ctrl=ctrl: sweep_point(family, ctrl))
                for name, family, knob, ctrl in tqdm(points, desc="tradeoff sweep")]
     full = results[0]  # the full cache's point comes first
@@ -225,30 +288,34 @@ def main(argv=None) -> int:
              "refreshes_per_1k": r["refreshes_per_1k"], "refreshes": r["refreshes"],
              "al_vs_full": r["acceptance_length"] / full["acceptance_length"]}
             for (_, family, knob, _), r in zip(points[1:], results[1:])]
+    # Modelled tokens/s: a function of the stored counts and the cost model (the full cache's point is left out: its
+    # draft steps run on the whole prompt, not on the measured compressed cache).
+    speeds = [r["tokens"] / costs.total_seconds(r["drafted"], r["rounds"], r["refreshes"]) for r in results[1:]]
     # Compute time per phase, summed over its units whichever session ran them.
     timings = {"counterfactual_s": sum(p["seconds"] for p in parts),
-               "ppo_s": sum(u["seconds"] for u in ppo_units),
+               "learners_s": sum(u["seconds"] for u in learner_units),
                "sweep_s": sum(r["seconds"] for r in results)}
 
     # 4. Matched comparisons against periodic refresh, the export, and the logs ---------------------------------
     summary = matched_comparison(rows)  # adds refresh_savings / al_gain to the learned rows
-    best = max((r for r in rows if r["family"] in ("logistic", "ppo")),  # the learned controllers
+    best = max((r for r in rows if r["family"] in ("logistic", *learners)),  # the learned controllers
                key=lambda r: (r["refresh_savings"] if r["refresh_savings"] is not None else -1.0,
                               r["acceptance_length"]))
     best_ctrl = next(c for _, f, k, c in points if f == best["family"] and k == best["knob"])
-    ctrl_path = out / ("controller.pt" if best["family"] == "ppo" else "controller.json")
+    ctrl_path = out / ("controller.pt" if best["family"] in LEARNERS else "controller.json")
     best_ctrl.save(ctrl_path)
     timings["session_s"] = time.time() - t_start  # this session's wall time
-    _write_outputs(out, rows, full, summary, timings, args, ctrl_path, best, run, data_stats)
+    _write_outputs(out, rows, full, summary, timings, args, ctrl_path, best, run, data_stats, costs, speeds)
     run.summary.update({"session_seconds": timings["session_s"]})
     run.finish()
     write_json(state.path("done.json"), {"tradeoff": str(out / "tradeoff.csv")})
 
     print(f"\nfull-cache AL {full['acceptance_length']:.3f} | budget {args.budget} | {args.eval_prompts} held-out prompts")
-    print(f"{'family':>10} {'knob':>6} {'AL':>7} {'AL/full':>8} {'ref/1K':>8}")
-    for r in rows:
+    print(f"{'family':>10} {'knob':>6} {'AL':>7} {'AL/full':>8} {'ref/1K':>8} {'tok/s*':>8}")
+    for r, speed in zip(rows, speeds):
         print(f"{r['family']:>10} {str(r['knob']):>6} {r['acceptance_length']:7.3f} {r['al_vs_full']:8.3f} "
-              f"{r['refreshes_per_1k']:8.2f}")
+              f"{r['refreshes_per_1k']:8.2f} {speed:8.1f}")
+    print("* tokens per second modelled with the measured costs (tradeoff_time.png)")
     for fam, s in summary["families"].items():
         sav = "n/a" if s["refresh_savings"] is None else f"{100 * s['refresh_savings']:.1f}%"
         gain = "n/a" if s["al_gain"] is None else f"{s['al_gain']:+.3f}"
@@ -260,9 +327,20 @@ def main(argv=None) -> int:
 def sweep_units(args) -> list[tuple[str, str, object]]:
     """(unit name, family, knob) of every tradeoff point, the full cache's first (logistic ones may be skipped)."""
     knobs = [("full", "-"), ("never", "-")] + [("periodic", p) for p in args.periods]
-    knobs += [("threshold", x) for x in args.acc_thresholds] + [("logistic", x) for x in args.logistic_thresholds]
-    knobs += [("ppo", lam) for lam in args.lams]
-    return [(f"sweep-{f}" + ("" if k == "-" else f"-{k:g}"), f, k) for f, k in knobs]
+    knobs += [("threshold", x) for x in args.acc_thresholds] + [("entropy", q) for q in args.entropy_quantiles]
+    knobs += [("logistic", x) for x in args.logistic_thresholds]
+    knobs += [(learner, lam) for learner in args.learners.split(",") for lam in args.lams]
+    return [(f"sweep-{f}" + ("" if k == "-" else f"-q{k:g}" if f == "entropy" else f"-{k:g}"), f, k)
+            for f, k in knobs]
+
+
+def entropy_thresholds(X: np.ndarray, quantiles) -> dict | None:
+    """quantile -> the entropy_mean level at that quantile of the observed states (4 significant digits, the knob
+    written to tradeoff.csv), or None without states."""
+    if len(X) == 0:
+        return None
+    col = X[:, signals.index("entropy_mean")].astype(np.float64)
+    return {q: min(1.0, float(f"{np.quantile(col, q):.4g}")) for q in quantiles}
 
 
 def families(task: str) -> list[str]:
@@ -283,7 +361,8 @@ def mixed_tasks(tokenizer, task: str, n: int, input_tokens: int, seed: int, spli
     return [per[fams[i % len(fams)]][i // len(fams)] for i in range(n)]
 
 
-def _write_outputs(out: Path, rows, full, summary, timings, args, ctrl_path, best, run, data_stats) -> None:
+def _write_outputs(out: Path, rows, full, summary, timings, args, ctrl_path, best, run, data_stats, costs,
+                   speeds) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -300,35 +379,60 @@ def _write_outputs(out: Path, rows, full, summary, timings, args, ctrl_path, bes
             w.writerows({c: r.get(c) for c in cols} for r in rows)
 
     atomic_write(out / "tradeoff.csv", write_csv)  # a kill never leaves half a table
-    fig, ax = plt.subplots(figsize=(6, 4))
     families = list(dict.fromkeys(r["family"] for r in rows))
-    for fam in families:
-        pts = sorted((r["refreshes_per_1k"], r["acceptance_length"]) for r in rows if r["family"] == fam)
-        ax.plot(*zip(*pts), marker="o", label=fam)
-    ax.axhline(full["acceptance_length"], color="grey", ls="--", label="full cache")
-    ax.set_xlabel("refreshes per 1K generated tokens")
-    ax.set_ylabel("acceptance length (tokens / target step)")
-    ax.set_title(f"draft KV budget {args.budget}, {args.input_tokens}-token prompts")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "tradeoff.png", dpi=120)
-    plt.close(fig)
-    metrics = {"full_cache_acceptance_length": full["acceptance_length"], "rows": rows,
+    # The modelled speed depends on the costs measured on this machine, so it stays out of tradeoff.csv (which a
+    # resumed run reproduces bit for bit) and goes to metrics.json, the second plot and W&B.
+    timed = [{**r, "modelled_tokens_per_s": v} for r, v in zip(rows, speeds)]
+    title = f"draft KV budget {args.budget}, {args.input_tokens}-token prompts"
+
+    def plot(path, y, ylabel, subtitle, full_line=None):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for fam in families:
+            pts = sorted((r["refreshes_per_1k"], r[y]) for r in timed if r["family"] == fam)
+            ax.plot(*zip(*pts), marker="o", label=fam)
+        if full_line is not None:
+            ax.axhline(full_line, color="grey", ls="--", label="full cache")
+        ax.set_xlabel("refreshes per 1K generated tokens")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{title}{subtitle}", fontsize=9)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+        plt.close(fig)
+
+    plot(out / "tradeoff.png", "acceptance_length", "acceptance length (tokens / target step)", "",
+         full["acceptance_length"])
+    plot(out / "tradeoff_time.png", "modelled_tokens_per_s", "tokens / s (modelled)",
+         f"\nmodelled: draft step {1e3 * costs.draft_step_s:.2f} ms, verify {1e3 * costs.verify_s:.2f} ms, "
+         f"refresh {1e3 * costs.refresh_s:.2f} ms")
+    metrics = {"full_cache_acceptance_length": full["acceptance_length"], "rows": timed,
                "matched": summary["families"], "timings": timings, "controller": str(ctrl_path),
-               "best": {k: best[k] for k in ("family", "knob")}, "counterfactual": data_stats}
+               "best": {k: best[k] for k in ("family", "knob")}, "counterfactual": data_stats,
+               "reward": args.reward, "costs": costs.to_dict()}
     atomic_write(out / "metrics.json", lambda tmp: tmp.write_text(json.dumps(metrics, indent=1, default=str)))
 
-    table = wandb.Table(columns=cols, data=[[str(r["knob"]) if c == "knob" else r.get(c) for c in cols] for r in rows])
-    xs = [[r["refreshes_per_1k"] for r in rows if r["family"] == f] for f in families]
-    ys = [[r["acceptance_length"] for r in rows if r["family"] == f] for f in families]
+    wcols = cols + ["modelled_tokens_per_s"]
+    table = wandb.Table(columns=wcols,
+                        data=[[str(r["knob"]) if c == "knob" else r.get(c) for c in wcols] for r in timed])
+    xs = [[r["refreshes_per_1k"] for r in timed if r["family"] == f] for f in families]
+
+    def ys(key):
+        return [[r[key] for r in timed if r["family"] == f] for f in families]
+
     run.log({"tradeoff/table": table,
-             "tradeoff/al_vs_refreshes": wandb.plot.line_series(xs=xs, ys=ys, keys=families,
+             "tradeoff/al_vs_refreshes": wandb.plot.line_series(xs=xs, ys=ys("acceptance_length"), keys=families,
                                                                 title="AL vs refreshes per 1K tokens",
-                                                                xname="refreshes per 1K tokens")})
+                                                                xname="refreshes per 1K tokens"),
+             "tradeoff/tokens_per_s_vs_refreshes": wandb.plot.line_series(
+                 xs=xs, ys=ys("modelled_tokens_per_s"), keys=families,
+                 title="modelled tokens/s vs refreshes per 1K tokens", xname="refreshes per 1K tokens"),
+             "tradeoff/al_vs_refreshes_png": wandb.Image(str(out / "tradeoff.png")),
+             "tradeoff/tokens_per_s_vs_refreshes_png": wandb.Image(str(out / "tradeoff_time.png"))})
     for fam, s in summary["families"].items():
         run.summary[f"{fam}/refresh_savings_at_matched_al"] = s["refresh_savings"]
         run.summary[f"{fam}/al_gain_at_matched_refreshes"] = s["al_gain"]
     run.summary["full_cache_acceptance_length"] = full["acceptance_length"]
+    run.summary.update({f"costs/{k}": v for k, v in costs.to_dict().items()})
 
 
 if __name__ == "__main__":  # SB3's SubprocVecEnv (if a user switches to it) uses forkserver: keep this guard

@@ -95,7 +95,8 @@ def add_cache_options(parser: argparse.ArgumentParser, policy: str | None = "rif
         g.add_argument("--policy", default=policy, help=f"one of: {', '.join(POLICIES)} (default: %(default)s)")
         g.add_argument("--period", type=int, default=None, help="rift-dyn: generated tokens between refreshes")
         g.add_argument("--controller", default=None,
-                       help="rift-ada: a controller file (controller.json / controller.pt), periodic:N or never")
+                       help="rift-ada: a controller file (controller.json / controller.pt), periodic:N, entropy:X "
+                            "(refresh when mean draft entropy / ln vocab exceeds X in [0, 1]) or never")
     g.add_argument("--budget", type=int, default=budget, help="active draft KV budget in tokens (default: %(default)s)")
     g.add_argument("--window-fraction", type=float, default=0.5, help="share of the budget for the sliding window")
     g.add_argument("--window", type=int, default=None, help="sliding window in tokens (overrides the fraction)")

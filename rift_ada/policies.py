@@ -51,7 +51,7 @@ def make_policy(name: str, budget: int | None = None, *, period: int | None = No
     elif name == "rift-ada":
         if controller is None:
             raise ValueError("--policy rift-ada needs --controller: a controller file (runs/controller/controller.json "
-                             "or .pt), periodic:N or never")
+                             "or .pt), periodic:N, entropy:X or never")
         if isinstance(controller, str):
             controller = parse_controller(controller)
     return Policy(name, layout, controller)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-LEARNED = ("threshold", "logistic", "ppo")
+LEARNED = ("threshold", "entropy", "logistic", "ppo", "dqn")  # compared with periodic refresh
 
 
 def periodic_envelope(rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:

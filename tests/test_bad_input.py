@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from rift_ada.refresh import LogisticController, PPOController, load_controller
-from rift_ada.refresh.ppo import build_mlp
+from rift_ada.refresh import DQNController, LogisticController, PPOController, load_controller
+from rift_ada.refresh.mlp import build_mlp
 from rift_ada import lora, signals
 from rift_ada.cli import add_runtime_options, apply_runtime
 from rift_ada.data import load_jsonl, load_speedbench
@@ -79,6 +79,17 @@ def bad_controllers(tmp_path_factory):
     saved("sizes.pt", "'sizes'", lambda o: o.update(sizes=[N, 8, 3]))
     saved("obs_mean.pt", "'obs_mean'", lambda o: o.update(obs_mean=[0.0, 1.0]))
     saved("code.pt", "refused", lambda o: o.update(payload=RunsCode(str(d / "executed"))))
+    DQNController(build_mlp([N, 8, 2], "relu"), [N, 8, 2], "relu").save(d / "good_dqn.pt")
+    good_dqn = (d / "good_dqn.pt").read_bytes()
+    (d / "truncated_dqn.pt").write_bytes(good_dqn[: len(good_dqn) // 2])
+    cases["truncated_dqn.pt"] = (d / "truncated_dqn.pt", "not a torch zip archive")
+    dqn = torch.load(d / "good_dqn.pt", weights_only=True)
+    for name, phrase, edit in [("dqn_shape.pt", "'2.bias' has shape (3,)", {"2.bias": torch.zeros(3)}),
+                               ("dqn_nan.pt", "non-finite", {"0.bias": torch.full((8,), float("nan"))})]:
+        torch.save({**dqn, "state_dict": {**dqn["state_dict"], **edit}}, d / name)
+        cases[name] = (d / name, phrase)
+    torch.save({**dqn, "kind": "a2c"}, d / "a2c_kind.pt")
+    cases["a2c_kind.pt"] = (d / "a2c_kind.pt", "kind 'a2c'; expected a dict with kind 'ppo' or 'dqn'")
 
     LogisticController(weights=np.linspace(-1, 1, N), bias=0.5).save(d / "good.json")
     good_json = json.loads((d / "good.json").read_text())
@@ -92,7 +103,9 @@ def bad_controllers(tmp_path_factory):
              "string_weights.json": (json.dumps({**good_json, "weights": ["0.1"] * N}), "'weights'"),
              "string_bias.json": (json.dumps({**good_json, "bias": "0.5"}), "'bias' must be a finite number"),
              "period_zero.json": (json.dumps({"kind": "periodic", "signals": list(signals.NAMES), "period": 0}),
-                                  "'period' must be in [1, 4096]")}
+                                  "'period' must be in [1, 4096]"),
+             "entropy_nats.json": (json.dumps({"kind": "entropy", "signals": list(signals.NAMES), "threshold": 2.5}),
+                                   "'threshold' must be in [0, 1]")}
     for name, (text, phrase) in texts.items():
         if text is None:
             (d / name).write_bytes(b"\xff\xfe\x00\x81 binary")
@@ -120,6 +133,7 @@ def test_every_damaged_controller_file_is_one_line(bad_controllers):
         one_line(e.value, str(path), phrase)
     assert not (d / "executed").exists(), "loading a controller file ran code from it"
     assert isinstance(load_controller(d / "good.pt"), PPOController)
+    assert isinstance(load_controller(d / "good_dqn.pt"), DQNController)
     assert isinstance(load_controller(d / "good.json"), LogisticController)
 
 
@@ -133,7 +147,7 @@ def test_ppo_roundtrip_with_numpy_scalars(tmp_path):
     assert back.lam == 4.0 and np.array_equal(back.decide_batch(xs), ctrl.decide_batch(xs))
 
 
-@pytest.mark.parametrize("name", ["random.pt", "code.pt", "list.json", "no_weights.json"])
+@pytest.mark.parametrize("name", ["random.pt", "code.pt", "list.json", "no_weights.json", "dqn_shape.pt"])
 def test_evaluate_refuses_bad_controller_in_one_line(bad_controllers, name):
     path, phrase = bad_controllers[1][name]
     out = run_cli("--policy", "rift-ada", "--controller", str(path), *FAST)

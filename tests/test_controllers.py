@@ -9,8 +9,8 @@ import pytest
 from rift_ada import signals
 from rift_ada.controllers import fit_logistic
 from rift_ada.envs import RefreshEnv
-from rift_ada.refresh import (NeverController, PeriodicController, PPOController, ThresholdController,
-                              load_controller, parse_controller)
+from rift_ada.refresh import (DQNController, EntropyController, NeverController, PeriodicController,
+                              PPOController, ThresholdController, load_controller, parse_controller)
 from tests.conftest import env_kw
 
 
@@ -51,6 +51,27 @@ def test_rule_controllers_and_roundtrip(tmp_path):
     assert parse_controller(str(tmp_path / "threshold.json")) == t
     with pytest.raises(ValueError, match="between 1 and 4096"):
         PeriodicController(5000)  # beyond the since_refresh signal's range: it could never fire
+
+
+def test_entropy_rule(tmp_path):
+    tok = 1 / signals.SINCE_SCALE
+    e = EntropyController(0.25)  # min_gap 16, as the threshold rule
+    assert e.decide(obs_with(entropy_mean=0.26, since_refresh=20 * tok))
+    assert not e.decide(obs_with(entropy_mean=0.25, since_refresh=20 * tok)), "strictly above the threshold"
+    assert not e.decide(obs_with(entropy_mean=0.9, since_refresh=8 * tok)), "min_gap holds back early refreshes"
+    assert not e.decide(obs_with(entropy_mean=0.1, entropy_max=0.9, since_refresh=20 * tok)), "the mean, not the max"
+    xs = box_samples(2000, seed=3)
+    same = ThresholdController([("entropy_mean", ">", 0.25)], min_gap=16)
+    assert [e.decide(x) for x in xs] == [same.decide(x) for x in xs]
+    e.save(tmp_path / "e.json")
+    assert load_controller(tmp_path / "e.json") == e
+    assert parse_controller("entropy:0.25") == e and parse_controller(str(tmp_path / "e.json")) == e
+    for bad in ("entropy:x", "entropy:", "entropy:2.5", "entropy:nan"):
+        with pytest.raises(ValueError, match=r"write entropy:X with X in \[0, 1\]") as err:
+            parse_controller(bad)
+        assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="not in nats"):
+        parse_controller("entropy:2.5")
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +120,31 @@ def test_ppo_export_parity(trained_ppo, tmp_path):
     assert np.array_equal(back.decide_batch(xs), expected)
 
 
+@pytest.fixture(scope="module")
+def trained_dqn():
+    from rift_ada.trainers.dqn import export_dqn, train_dqn
+
+    env_fns = [lambda: RefreshEnv(lam=0.0, **ENV_KW())]
+    model, venv = train_dqn(env_fns, timesteps=256, seed=0, learning_starts=64)
+    return model, venv, export_dqn(model, venv, lam=0.0)
+
+
+def test_dqn_export_parity(trained_dqn, tmp_path):
+    model, venv, ctrl = trained_dqn
+    assert model.num_timesteps >= 256 and model._n_updates > 0, "the Q-network was trained"
+    xs = box_samples(10_000, seed=2)
+    expected = model.predict(venv.normalize_obs(xs), deterministic=True)[0]
+    assert np.array_equal(ctrl.decide_batch(xs), expected)
+    assert [ctrl.decide(x) for x in xs[:200]] == [bool(a) for a in expected[:200]]
+    ctrl.save(tmp_path / "d.pt")
+    back = load_controller(tmp_path / "d.pt")
+    assert isinstance(back, DQNController) and back.name == "dqn" and back.lam == 0.0
+    assert np.array_equal(back.decide_batch(xs), expected)
+    assert DQNController.load(tmp_path / "d.pt").sizes == ctrl.sizes
+    with pytest.raises(ValueError, match="not a PPO controller file .*kind 'dqn'"):
+        PPOController.load(tmp_path / "d.pt")
+
+
 def episode_reward(env, controller, seed, prompt):
     obs, _ = env.reset(seed=seed, options={"prompt_index": prompt})
     total, done = 0.0, False
@@ -136,12 +182,14 @@ def poisoned_path(tmp_path):
     return str(root)
 
 
-def test_exported_controller_drives_decoding_without_training_libraries(trained_ppo, counterfactual_data, tmp_path):
+def test_exported_controller_drives_decoding_without_training_libraries(trained_ppo, trained_dqn, counterfactual_data,
+                                                                       tmp_path):
     _, _, ppo = trained_ppo
     ppo.save(tmp_path / "c.pt")
+    trained_dqn[2].save(tmp_path / "d.pt")
     y = (np.arange(len(counterfactual_data.X)) % 2).astype(int)
     fit_logistic(counterfactual_data.X, y).save(tmp_path / "c.json")
-    for f in ("c.pt", "c.json"):
+    for f in ("c.pt", "d.pt", "c.json"):
         code = (
             "import sys\n"
             "from rift_ada.evaluate import main\n"

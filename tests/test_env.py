@@ -5,11 +5,13 @@ import numpy as np
 import pytest
 
 import rift_ada.envs as envs
+from rift_ada.costs import CostModel, measure_costs
 from rift_ada.envs import RefreshEnv
 from rift_ada import signals
 from tests.conftest import env_kw
 
 MAX_NEW = 40
+COSTS = CostModel(draft_step_s=0.004, verify_s=0.012, refresh_s=0.02)  # fixed: tests stay deterministic
 
 
 @pytest.fixture(scope="module")
@@ -17,11 +19,13 @@ def env():
     return RefreshEnv(**env_kw(max_new_tokens=MAX_NEW))
 
 
-def test_checkers_pass_without_warnings():
+@pytest.mark.parametrize("reward", ["tokens", "time"])
+def test_checkers_pass_without_warnings(reward):
     from gymnasium.utils.env_checker import check_env as gym_check
     from stable_baselines3.common.env_checker import check_env as sb3_check
 
-    env = gym.make(envs.ENV_ID, **env_kw(max_new_tokens=MAX_NEW)).unwrapped  # made through the registry, so it has a spec
+    kw = env_kw(max_new_tokens=MAX_NEW) | ({"reward": "time", "costs": COSTS} if reward == "time" else {})
+    env = gym.make(envs.ENV_ID, **kw).unwrapped  # made through the registry, so it has a spec
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         gym_check(env)
@@ -77,3 +81,35 @@ def test_refuses_a_decoder_that_cannot_refresh():
     kw["decoder"].layout = CacheLayout("rift", 128, store=False)
     with pytest.raises(ValueError, match="cannot refresh"):
         RefreshEnv(**kw)
+
+
+def test_measured_costs_are_positive():
+    kw = env_kw()
+    costs = measure_costs(kw["decoder"], kw["prompts"][0], max_new_tokens=96)
+    assert costs.draft_step_s > 0 and costs.verify_s > 0 and costs.refresh_s > 0, costs
+    assert CostModel.from_dict(costs.to_dict()) == costs
+    with pytest.raises(ValueError, match="raise max_new_tokens"):
+        measure_costs(kw["decoder"], kw["prompts"][0], max_new_tokens=4)
+    with pytest.raises(ValueError, match="verify_s must be > 0"):
+        CostModel(0.1, 0.0, 0.1)
+
+
+def test_time_reward_charges_the_refresh_time():
+    def first_step(lam, action):
+        env = RefreshEnv(reward="time", costs=COSTS, lam=lam, **env_kw(max_new_tokens=MAX_NEW))
+        env.reset(seed=0, options={"prompt_index": 0})
+        return env.step(action)
+
+    _, charged, *_, info = first_step(1.0, 1)
+    _, free, *_, info_free = first_step(0.0, 1)  # the same round (same seed and action), its refresh time not charged
+    assert info["accepted"] == info_free["accepted"] and info["refreshed"]
+    plain = 11 * COSTS.draft_step_s + COSTS.verify_s  # one round of k = 11 drafts without refresh: the time unit
+    assert charged < free and charged == pytest.approx(free - COSTS.refresh_s / plain)
+    assert free == pytest.approx(info["accepted"])  # a full-k round earns its accepted drafts, as the tokens reward
+    assert info["modelled_seconds"] == pytest.approx(plain + COSTS.refresh_s)
+    _, kept, *_, info_kept = first_step(1.0, 0)
+    assert kept == pytest.approx(info_kept["accepted"]) and not info_kept["refreshed"]
+    with pytest.raises(ValueError, match="needs costs=CostModel"):
+        RefreshEnv(reward="time", **env_kw())
+    with pytest.raises(ValueError, match="reward must be one of tokens, time"):
+        RefreshEnv(reward="seconds", **env_kw())

@@ -1,1 +1,1 @@
-"""Trainers: counterfactual data and PPO for refresh controllers; compressibility (LoRA) training of drafts."""
+"""Trainers: counterfactual data, PPO and DQN for refresh controllers; compressibility (LoRA) training of drafts."""

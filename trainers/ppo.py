@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rift_ada.refresh.ppo import PPOController, build_mlp
+from rift_ada.refresh.mlp import MLPController, PPOController, build_mlp
 
 
 def make_vec_env(env_fns, norm_reward: bool = True):
@@ -63,10 +63,18 @@ def train_ppo(env_fns, timesteps: int, seed: int = 0, callback=None, net_arch=(3
 def export_ppo(model, vec_normalize=None, lam: float | None = None) -> PPOController:
     """The policy's deterministic action as a plain MLP, with VecNormalize's observation statistics baked in."""
     policy = model.policy
-    linears = [m for m in policy.mlp_extractor.policy_net if isinstance(m, torch.nn.Linear)] + [policy.action_net]
+    return export_mlp(PPOController, list(policy.mlp_extractor.policy_net) + [policy.action_net], vec_normalize, lam)
+
+
+def export_mlp(cls: type[MLPController], modules, vec_normalize=None, lam: float | None = None) -> MLPController:
+    """``modules`` (SB3's Linear layers with their activations between, ending in the 2-output layer) as a ``cls``
+    controller, with VecNormalize's observation statistics baked in (none: an identity normalisation)."""
+    linears = [m for m in modules if isinstance(m, torch.nn.Linear)]
+    acts = {type(m).__name__.lower() for m in modules if not isinstance(m, torch.nn.Linear)}
+    if len(acts) > 1 or not acts <= {"tanh", "relu"}:
+        raise ValueError(f"cannot export an MLP with activations {sorted(acts)}: tanh or relu only")
     sizes = [linears[0].in_features] + [lin.out_features for lin in linears]
-    act = type(next((m for m in policy.mlp_extractor.policy_net if not isinstance(m, torch.nn.Linear)),
-                    torch.nn.Tanh())).__name__.lower()
+    act = acts.pop() if acts else "tanh"
     net = build_mlp(sizes, act)
     for dst, src in zip([m for m in net if isinstance(m, torch.nn.Linear)], linears):
         dst.load_state_dict(src.state_dict())
@@ -75,4 +83,4 @@ def export_ppo(model, vec_normalize=None, lam: float | None = None) -> PPOContro
         mean, var, eps, clip = np.asarray(rms.mean), np.asarray(rms.var), vec_normalize.epsilon, vec_normalize.clip_obs
     else:
         mean, var, eps, clip = np.zeros(sizes[0]), np.ones(sizes[0]) - 1e-8, 1e-8, np.inf
-    return PPOController(net.eval(), sizes, act, mean, var, eps, clip, lam)
+    return cls(net.eval(), sizes, act, mean, var, eps, clip, lam)

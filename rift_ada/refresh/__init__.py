@@ -8,8 +8,8 @@ rescore the draft cache before the coming round. ``rift-dyn`` is a RIFT layout p
 from .base import Controller
 from .loader import load_controller, parse_controller
 from .logistic import LogisticController
-from .ppo import PPOController
-from .rules import NeverController, PeriodicController, ThresholdController
+from .mlp import DQNController, PPOController
+from .rules import EntropyController, NeverController, PeriodicController, ThresholdController
 
-__all__ = ["Controller", "LogisticController", "NeverController", "PPOController", "PeriodicController",
-           "ThresholdController", "load_controller", "parse_controller"]
+__all__ = ["Controller", "DQNController", "EntropyController", "LogisticController", "NeverController",
+           "PPOController", "PeriodicController", "ThresholdController", "load_controller", "parse_controller"]

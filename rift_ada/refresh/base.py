@@ -43,10 +43,11 @@ def read_json_object(path: str | Path) -> dict:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except UnicodeDecodeError:
-        raise ValueError(f"{path}: not a controller file (not UTF-8 text; PPO controllers are .pt files)") from None
+        raise ValueError(f"{path}: not a controller file (not UTF-8 text; PPO and DQN controllers are .pt "
+                         "files)") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON (line {e.lineno}: {e.msg}); controllers are .json (rules, "
-                         "logistic) or .pt (PPO) files") from None
+                         "logistic) or .pt (PPO, DQN) files") from None
     except OSError as e:
         raise ValueError(f"{path}: cannot read it ({e.strerror})") from None
     if not isinstance(data, dict):

@@ -1,4 +1,4 @@
-"""Rule controllers: never (RIFT-stat), periodic (RIFT-dyn) and thresholds over any signal."""
+"""Rule controllers: never (RIFT-stat), periodic (RIFT-dyn), thresholds over any signal, and the entropy rule."""
 
 from __future__ import annotations
 
@@ -97,3 +97,38 @@ class ThresholdController:
                 raise ValueError(f"{path}: each rule must be [signal, comparison, number] with a signal among "
                                  f"{', '.join(signals.NAMES)} and a comparison among {', '.join(_OPS)}, got {short(r)}")
         return cls(rules=[tuple(r) for r in rules], min_gap=number(data, "min_gap", path, integer=True, minimum=0))
+
+
+@dataclass
+class EntropyController:
+    """Refresh when the last round's mean draft entropy exceeds ``threshold`` (the entropy-triggered baseline of the
+    literature), but not within ``min_gap`` tokens of the last scoring, as the threshold rule.
+
+    ``threshold`` is in the unit of the ``entropy_mean`` signal: mean entropy over the round's draft steps, in nats,
+    divided by ln(vocab size), so in [0, 1] (a controller sees only the signals, never the vocabulary). The same
+    decision as ``ThresholdController([("entropy_mean", ">", threshold)], min_gap)``, with its own name and knob.
+    """
+
+    threshold: float = 0.1
+    min_gap: int = 16
+    name: str = "entropy"
+
+    def __post_init__(self):
+        if not is_number(self.threshold) or not 0 <= self.threshold <= 1:
+            raise ValueError(f"the entropy threshold is the entropy_mean signal's level (mean draft entropy / ln vocab), "
+                             f"a number in [0, 1]; got {self.threshold!r}")
+        if not isinstance(self.min_gap, int) or self.min_gap < 0:
+            raise ValueError(f"min_gap must be an integer >= 0 generated tokens, got {self.min_gap!r}")
+
+    def decide(self, observation) -> bool:
+        obs = check_observation(observation)
+        return _since(obs) >= self.min_gap and float(obs[signals.index("entropy_mean")]) > self.threshold
+
+    def save(self, path) -> None:
+        write_json(path, {"kind": "entropy", "threshold": self.threshold, "min_gap": self.min_gap})
+
+    @classmethod
+    def load(cls, path) -> "EntropyController":
+        data = read_json(path, "entropy")
+        return cls(threshold=number(data, "threshold", path, minimum=0, maximum=1),
+                   min_gap=number(data, "min_gap", path, integer=True, minimum=0, default=16))

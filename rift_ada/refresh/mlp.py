@@ -1,9 +1,11 @@
-"""A PPO refresh controller as a plain torch MLP: stable-baselines3 trains it (trainers/ppo.py); deciding and
-loading need only torch.
+"""Controllers exported from stable-baselines3 as plain torch MLPs: PPO (its policy) and DQN (its Q-network).
+SB3 trains them (``rift_ada.trainers.ppo`` / ``rift_ada.trainers.dqn``); deciding and loading need only torch.
 
-The exported file holds the policy MLP (``mlp_extractor.policy_net`` + ``action_net``), its activation, the
-VecNormalize observation statistics baked in, and the signal order. ``decide`` is the argmax action, which is what
-``PPO.predict(obs, deterministic=True)`` returns.
+An exported file holds the MLP (PPO: ``mlp_extractor.policy_net`` + ``action_net``; DQN: ``q_net.q_net`` after the
+flattening features extractor), its activation, the VecNormalize observation statistics baked in, the signal order,
+the ``kind`` (``ppo`` or ``dqn``) and the refresh-cost weight lambda it was trained with. ``decide`` is the argmax of
+the MLP's two outputs (PPO: action logits; DQN: Q-values), which is what ``model.predict(obs, deterministic=True)``
+returns for either algorithm.
 
 Loading uses ``torch.load(weights_only=True)`` (tensors and plain values only: a controller file from elsewhere cannot
 run code) and checks every field, so a corrupt, truncated or foreign file is refused in one line naming it.
@@ -16,6 +18,7 @@ import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -28,7 +31,7 @@ _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
 def build_mlp(sizes: list[int], activation: str) -> nn.Sequential:
-    """Linear layers of ``sizes`` (input .. 2 logits) with ``activation`` between hidden layers."""
+    """Linear layers of ``sizes`` (input .. 2 outputs) with ``activation`` between hidden layers."""
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):
         layers.append(nn.Linear(sizes[i], sizes[i + 1]))
@@ -38,7 +41,10 @@ def build_mlp(sizes: list[int], activation: str) -> nn.Sequential:
 
 
 @dataclass
-class PPOController:
+class MLPController:
+    """The exported form shared by PPO and DQN; use :class:`PPOController` / :class:`DQNController`."""
+
+    kind: ClassVar[str] = ""
     net: nn.Sequential
     sizes: list[int]
     activation: str = "tanh"
@@ -47,7 +53,10 @@ class PPOController:
     epsilon: float = 1e-8
     clip: float = 10.0
     lam: float | None = None  # the refresh-cost weight it was trained with (its knob)
-    name: str = "ppo"
+    name: str = ""
+
+    def __post_init__(self):
+        self.name = self.name or self.kind
 
     def normalize(self, obs: np.ndarray) -> np.ndarray:
         return np.clip((obs - self.obs_mean) / np.sqrt(self.obs_var + self.epsilon), -self.clip, self.clip)
@@ -62,19 +71,25 @@ class PPOController:
 
     def save(self, path) -> None:
         # Plain Python numbers: numpy scalars are not among the types a weights-only load accepts.
-        torch.save({"kind": "ppo", "signals": list(signals.NAMES), "sizes": [int(s) for s in self.sizes],
+        torch.save({"kind": self.kind, "signals": list(signals.NAMES), "sizes": [int(s) for s in self.sizes],
                     "activation": self.activation, "state_dict": self.net.state_dict(),
                     "obs_mean": np.asarray(self.obs_mean, dtype=np.float64).tolist(),
                     "obs_var": np.asarray(self.obs_var, dtype=np.float64).tolist(), "epsilon": float(self.epsilon),
                     "clip": float(self.clip), "lam": None if self.lam is None else float(self.lam)}, path)
 
     @classmethod
-    def load(cls, path: str | Path) -> "PPOController":
-        """A controller saved by :meth:`save`; ValueError (one line naming the file) for anything else."""
+    def load(cls, path: str | Path) -> "MLPController":
+        """A controller of this class's kind saved by :meth:`save`; ValueError (one line naming the file) for anything
+        else, a controller of the other kind included."""
         d = _read_torch_file(path)
-        if not isinstance(d, dict) or d.get("kind") != "ppo":
+        if not isinstance(d, dict) or d.get("kind") != cls.kind:
             held = f"kind {d.get('kind')!r}" if isinstance(d, dict) else f"a {type(d).__name__}"
-            raise ValueError(f"{path}: not a PPO controller file (it holds {held}; expected a dict with kind 'ppo')")
+            raise ValueError(f"{path}: not a {cls.kind.upper()} controller file (it holds {held}; expected a dict "
+                             f"with kind {cls.kind!r})")
+        return cls._from_dict(d, path)
+
+    @classmethod
+    def _from_dict(cls, d: dict, path) -> "MLPController":
         check_signal_order(d.get("signals"), path)
         n = len(signals.NAMES)
         sizes = d.get("sizes")
@@ -93,21 +108,48 @@ class PPOController:
                    None if d.get("lam") is None else number(d, "lam", path))
 
 
+@dataclass
+class PPOController(MLPController):
+    """PPO's policy MLP: argmax of the action logits."""
+
+    kind: ClassVar[str] = "ppo"
+
+
+@dataclass
+class DQNController(MLPController):
+    """DQN's Q-network: argmax of the two Q-values (the greedy action, no exploration)."""
+
+    kind: ClassVar[str] = "dqn"
+
+
+MLP_KINDS = {c.kind: c for c in (PPOController, DQNController)}
+
+
+def load_mlp_controller(path: str | Path) -> MLPController:
+    """A PPO or DQN controller from a ``.pt`` file, whichever it holds."""
+    d = _read_torch_file(path)
+    if not isinstance(d, dict) or d.get("kind") not in MLP_KINDS:
+        held = f"kind {d.get('kind')!r}" if isinstance(d, dict) else f"a {type(d).__name__}"
+        raise ValueError(f"{path}: not a PPO or DQN controller file (it holds {held}; expected a dict with kind "
+                         f"{' or '.join(map(repr, MLP_KINDS))})")
+    return MLP_KINDS[d["kind"]]._from_dict(d, path)
+
+
 def _read_torch_file(path) -> object:
     """``torch.load(weights_only=True)`` with one-line errors. torch's own messages run to 26 lines and advise
     retrying with ``weights_only=False``, which would execute code from the file: never do that here."""
     path = Path(path)
     if path.stat().st_size == 0:
-        raise ValueError(f"{path}: the file is empty, not a PPO controller")
+        raise ValueError(f"{path}: the file is empty, not a PPO or DQN controller")
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a truncated one has lost its directory
-        raise ValueError(f"{path}: not a torch zip archive: truncated, corrupt, or not a PPO controller file")
+        raise ValueError(f"{path}: not a torch zip archive: truncated, corrupt, or not a PPO or DQN controller file")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. a note on the pickle protocol, printed to stderr
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise ValueError(f"{path}: refused: it holds objects a safe load does not allow ({_torch_reason(e)}); a "
-                         "PPO controller file holds only tensors and plain values") from None
+                         "PPO or DQN controller file holds only tensors and plain values") from None
     except Exception as e:  # a damaged archive: RuntimeError, EOFError, ... from torch's reader
         raise ValueError(f"{path}: unreadable torch file ({_torch_reason(e)}): truncated or corrupt") from None
 

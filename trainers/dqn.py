@@ -1,0 +1,54 @@
+"""DQN training of a refresh controller (stable-baselines3), the second learner beside PPO, and its export to a
+torch-only DQNController.
+
+Same protocol as PPO (``rift_ada.trainers.ppo``): the same RefreshEnvs, the same VecNormalize wrapper (observations
+and rewards normalised; SB3's replay buffer stores raw transitions and normalises them when sampled), one process,
+seeded. The exported controller is the Q-network (``q_net.q_net`` after the flattening features extractor) with the
+observation statistics baked in; its argmax is ``DQN.predict(obs, deterministic=True)``.
+"""
+
+from __future__ import annotations
+
+from rift_ada.refresh.mlp import DQNController
+from rift_ada.trainers.ppo import export_mlp, make_vec_env, progress_callback
+
+
+def dqn_timesteps(timesteps: int, n_envs: int, train_freq: int = 1) -> int:
+    """The environment steps DQN really takes for ``timesteps``: it collects ``train_freq`` steps of every env."""
+    per = train_freq * n_envs
+    return -(-timesteps // per) * per
+
+
+def train_dqn(env_fns, timesteps: int, seed: int = 0, callback=None, net_arch=(32, 32), learning_rate: float = 5e-4,
+              learning_starts: int = 100, target_update_interval: int = 256, exploration_fraction: float = 0.3,
+              train_freq: int = 1, logger=None, progress: str | None = None):
+    """Train DQN on ``env_fns`` (thunks making RefreshEnvs), with a progress bar titled ``progress`` if given.
+    Returns (model, vec_normalize). Settings are for short runs (a few thousand rounds): the target network follows
+    every 256 steps (SB3's default, 10,000, would never update), epsilon falls from 1 to 0.05 over the first 30%."""
+    from stable_baselines3 import DQN
+
+    venv = make_vec_env(env_fns)
+    venv.seed(seed)
+    model = DQN("MlpPolicy", venv, learning_rate=learning_rate, buffer_size=max(timesteps, 1024),
+                learning_starts=learning_starts, batch_size=64, gamma=0.99, train_freq=train_freq, gradient_steps=1,
+                target_update_interval=target_update_interval, exploration_fraction=exploration_fraction,
+                exploration_final_eps=0.05, seed=seed, device="cpu", verbose=0,
+                policy_kwargs={"net_arch": list(net_arch)})
+    if logger is not None:
+        model.set_logger(logger)
+    if progress is not None:
+        bar = progress_callback(dqn_timesteps(timesteps, len(env_fns), train_freq), progress)
+        callback = bar if callback is None else [callback, bar]
+    model.learn(total_timesteps=timesteps, callback=callback, progress_bar=False)
+    return model, venv
+
+
+def export_dqn(model, vec_normalize=None, lam: float | None = None) -> DQNController:
+    """The greedy action of the Q-network as a plain MLP, with VecNormalize's observation statistics baked in."""
+    from stable_baselines3.common.torch_layers import FlattenExtractor
+
+    q = model.q_net
+    if not isinstance(q.features_extractor, FlattenExtractor):
+        raise ValueError(f"cannot export a DQN with a {type(q.features_extractor).__name__}: the flattening features "
+                         "extractor of MlpPolicy only")
+    return export_mlp(DQNController, list(q.q_net), vec_normalize, lam)

@@ -10,7 +10,7 @@ observation statistics baked in; its argmax is ``DQN.predict(obs, deterministic=
 from __future__ import annotations
 
 from rift_ada.refresh.mlp import DQNController
-from rift_ada.trainers.ppo import export_mlp, make_vec_env, progress_callback
+from rift_ada.trainers.ppo import export_mlp, learn, make_vec_env
 
 
 def dqn_timesteps(timesteps: int, n_envs: int, train_freq: int = 1) -> int:
@@ -34,13 +34,8 @@ def train_dqn(env_fns, timesteps: int, seed: int = 0, callback=None, net_arch=(3
                 target_update_interval=target_update_interval, exploration_fraction=exploration_fraction,
                 exploration_final_eps=0.05, seed=seed, device="cpu", verbose=0,
                 policy_kwargs={"net_arch": list(net_arch)})
-    if logger is not None:
-        model.set_logger(logger)
-    if progress is not None:
-        bar = progress_callback(dqn_timesteps(timesteps, len(env_fns), train_freq), progress)
-        callback = bar if callback is None else [callback, bar]
-    model.learn(total_timesteps=timesteps, callback=callback, progress_bar=False)
-    return model, venv
+    return learn(model, venv, timesteps, dqn_timesteps(timesteps, len(env_fns), train_freq), callback, logger,
+                 progress)
 
 
 def export_dqn(model, vec_normalize=None, lam: float | None = None) -> DQNController:

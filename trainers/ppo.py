@@ -51,10 +51,17 @@ def train_ppo(env_fns, timesteps: int, seed: int = 0, callback=None, net_arch=(3
     model = PPO("MlpPolicy", venv, n_steps=n_steps, batch_size=64, n_epochs=10, learning_rate=learning_rate,
                 gamma=0.99, ent_coef=ent_coef, seed=seed, device="cpu", verbose=0,
                 policy_kwargs={"net_arch": list(net_arch)})
+    return learn(model, venv, timesteps, rollout_timesteps(timesteps, len(env_fns), n_steps), callback, logger,
+                 progress)
+
+
+def learn(model, venv, timesteps: int, bar_total: int, callback=None, logger=None, progress: str | None = None):
+    """``model.learn`` with SB3's logger routed (e.g. to W&B) and a progress bar of ``bar_total`` steps titled
+    ``progress`` (none if None). Returns (model, venv)."""
     if logger is not None:
         model.set_logger(logger)
     if progress is not None:
-        bar = progress_callback(rollout_timesteps(timesteps, len(env_fns), n_steps), progress)
+        bar = progress_callback(bar_total, progress)
         callback = bar if callback is None else [callback, bar]
     model.learn(total_timesteps=timesteps, callback=callback, progress_bar=False)
     return model, venv

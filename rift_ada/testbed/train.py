@@ -73,6 +73,7 @@ class Stage:
     corrupt: float = 0.03  # share of continuation tokens corrupted in half of the low / sort samples
     stop_below: float | None = None  # end the stage once every model's running loss (each kind) is below this
     train: tuple[str, ...] | None = None  # the models this stage trains (None: all); the others wait
+    task_loss: str = "all"  # "continuation": task samples train on their continuation only (the copy itself)
 
 
     def lr_at(self, step: int) -> float:
@@ -133,7 +134,7 @@ class SampleSource:
         ids = np.array(out[:length + 1])
         return ids, ids, np.ones(length + 1, dtype=bool)
 
-    def task(self, rng: random.Random, family: str, length: int, corrupt: float):
+    def task(self, rng: random.Random, family: str, length: int, corrupt: float, continuation_only: bool = False):
         """One task of ``family`` (prompt + continuation) filling ``length + 1`` tokens; EOS-padded, pad masked."""
         ref = rng.randint(length // 8, length // 3)
         task = self.tasks.build(family, rng.randrange(1 << 30), input_tokens=length + 1 - ref, reference_tokens=ref,
@@ -143,7 +144,7 @@ class SampleSource:
         n = len(seq)
         ids = np.array(seq + [self.eos] * (length + 1 - n))
         mask = np.zeros(length + 1, dtype=bool)
-        mask[:n] = True
+        mask[len(prompt) if continuation_only else 0:n] = True
         inputs = ids.copy()
         if corrupt > 0 and family in ("low", "sort") and rng.random() < 0.5:
             lo, hi = len(prompt) + 4, n - 1
@@ -159,7 +160,8 @@ class SampleSource:
             elif kind == "code":
                 inputs, ids, mask = self.code(rng, stage.length)
             elif kind in ("low", "mixed", "high", "sort"):
-                inputs, ids, mask = self.task(rng, kind, stage.length, stage.corrupt)
+                inputs, ids, mask = self.task(rng, kind, stage.length, stage.corrupt,
+                                              continuation_only=stage.task_loss == "continuation")
             else:
                 raise ValueError(f"unknown batch kind {kind!r}; choose from {', '.join(KINDS)}")
             xs.append(torch.from_numpy(np.asarray(inputs[:-1], dtype=np.int64)))

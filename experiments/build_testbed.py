@@ -73,6 +73,9 @@ def recipe(quick: bool = False) -> list[Stage]:
         # find its place again after a wrong token.
         Stage(steps=600, length=2048, batch=4, lr=(3e-4, 3e-5), warmup=20, corrupt=0.06, task_loss="continuation",
               mix={"low": 0.45, "sort": 0.3, "code": 0.15, "repeat": 0.1}),
+        # Stage 7 took teacher-forced copying from 0.89 to 0.97 and greedy copying from 0.04 to 0.14: more of it.
+        Stage(steps=600, length=2048, batch=4, lr=(2e-4, 2e-5), warmup=20, corrupt=0.06, task_loss="continuation",
+              mix={"low": 0.45, "sort": 0.3, "code": 0.15, "repeat": 0.1}),
     ]
 
 

@@ -80,10 +80,22 @@ def init(device: str = "cpu") -> int:
     return dist.get_world_size()
 
 
-def destroy() -> None:
-    """Leave the process group (no-op when none was joined)."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+def destroy(meet: bool = True) -> None:
+    """Leave the process group (no-op when none was joined), once every process has come here (``meet=False``: at
+    once, for a process leaving on an error its peers may not share, which must not wait for them).
+
+    The processes meet on torchrun's TCP store, not over gloo: a process that tears down its gloo pairs while a peer
+    still drains the last collective's writes makes that peer abort ("terminate called without an active
+    exception", pytorch/gloo#155), and a gloo barrier right before the teardown has the same race. On the store, all
+    processes are past their last collective before any one of them closes a pair."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if meet and dist.get_world_size() > 1:
+        store = dist.distributed_c10d._get_default_store()
+        if store.add("rift_ada/leaving", 1) == dist.get_world_size():
+            store.set("rift_ada/all_left", "1")
+        store.wait(["rift_ada/all_left"])
+    dist.destroy_process_group()
 
 
 def world_size() -> int:

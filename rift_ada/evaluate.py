@@ -151,11 +151,14 @@ def main(argv=None) -> int:
             hf_logging.disable_progress_bar()
         out = run(args)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
+        distributed.destroy(meet=False)
         # Every process runs the same setup and meets the same bad input: rank 0 reports it. An error on one
         # process's own shard (RankError) is reported by that process.
         return fail(e) if distributed.is_main() or isinstance(e, distributed.RankError) else 2
-    finally:
-        distributed.destroy()
+    except BaseException:
+        distributed.destroy(meet=False)
+        raise
+    distributed.destroy()
     if not distributed.is_main():
         return 0
     if args.json:

@@ -35,7 +35,7 @@ def timed(fn):
 
 def main(argv=None) -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_options(p, drafter="testbed")  # an external draft: HF assisted generation needs one
+    add_model_options(p, drafter="testbed", device_map=True)  # an external draft: HF assisted generation needs one
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096], help="prompt lengths in tokens")
     p.add_argument("--budget", type=int, default=512)
     p.add_argument("--period", type=int, default=32, help="rift-dyn refresh period in the end-to-end comparison")
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     from rift_ada.speculative import SpeculativeDecoder
 
     try:
-        pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype)
+        pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype, device_map=args.device_map)
     except (ValueError, FileNotFoundError, RuntimeError) as e:  # ModelLoadError is a RuntimeError
         return fail(e)
     eos = pair.tokenizer.eos_token_id

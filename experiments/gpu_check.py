@@ -10,7 +10,9 @@ Per input length it reports
   step (its active KV) beside its weights, as milliseconds at the device's peak bandwidth (``--peak-tb-s``, H200:
   4.8 TB/s): how close a step is to the memory bound;
 - each round's time split: draft / verify / refresh / rollback, and the framework's overhead (the rest of
-  ``step()``: sampling, bookkeeping, the drift signal);
+  ``step()``: sampling, bookkeeping, the drift signal), timed by ``rift_ada.profiling.profile_decode``, which also
+  gives the share of round time inside model forwards (``forward_share``) and outside forwards and rescoring
+  (``overhead_share``);
 - the models alone: a one-token draft forward and a (k+1)-token verify forward on transformers' own cache, so the
   draft step's time can be split into the model and what our loop adds around it;
 - end-to-end tokens/s (prefill included) of our loop (full and 8K-budget draft caches) against HF assisted generation
@@ -100,26 +102,22 @@ def bare_forward_ms(model, prompt: list[int], q: int, timer, reps: int = 10) -> 
     return 1000 * sorted(times)[len(times) // 2]
 
 
-def run_policy(dec, prompt, max_new, controller, timer, peak_bytes_s, draft_weight_bytes):
-    """Decode once, timing each step() from outside so the phases the decoder records can be subtracted."""
-    from rift_ada import signals
+def run_policy(dec, prompt, max_new, controller, peak_bytes_s, draft_weight_bytes):
+    """Decode once with ``rift_ada.profiling.profile_decode``: it times every step() from outside (so the phases the
+    decoder records can be subtracted: the rest is the framework's overhead) and the models' forwards inside."""
+    from rift_ada.profiling import profile_decode
 
-    _, prefill = timer(lambda: dec.reset(prompt, max_new))
-    walls = []
-    while not dec.done:
-        refresh = controller is not None and bool(controller.decide(signals.observe(dec.state)))
-        _, wall = timer(lambda: dec.step(refresh))
-        walls.append(wall)
+    prof = profile_decode(dec, prompt, max_new, controller)
+    prefill, total = prof.seconds - prof.step_seconds, prof.step_seconds
     rounds = dec.result.rounds
     steps = sum(r.draft_length for r in rounds)
     phases = {p: sum(getattr(r, f"{p}_seconds") for r in rounds) for p in ("draft", "verify", "refresh", "rollback")}
-    total = sum(walls)
     kv = max(r.active_kv_bytes for r in rounds)
     step_ms = 1000 * phases["draft"] / max(steps, 1)
-    return dec.result.tokens, {
+    return prof.tokens, {
         "prefill_s": prefill,
         "rounds": len(rounds),
-        "acceptance_length": len(dec.result.tokens[1:]) / max(len(rounds), 1),
+        "acceptance_length": len(prof.tokens[1:]) / max(len(rounds), 1),
         "refreshes": dec.result.refreshes,
         "draft_ms_per_step": step_ms,
         "draft_active_kv_bytes": kv,
@@ -128,9 +126,12 @@ def run_policy(dec, prompt, max_new, controller, timer, peak_bytes_s, draft_weig
         "round_ms": 1000 * total / max(len(rounds), 1),
         "verify_ms": 1000 * phases["verify"] / max(len(rounds), 1),
         "round_split": {**{p: s / total for p, s in phases.items()},
-                        "overhead": (total - sum(phases.values())) / total},
-        "decode_tokens_per_s": (len(dec.result.tokens) - 1) / total,  # after the first token (prefill excluded)
-        "tokens_per_s": len(dec.result.tokens) / (prefill + total),  # end to end, as HF generate is timed
+                        "overhead": max(total - sum(phases.values()), 0.0) / total},
+        # The same rounds split by work (profile_decode): model forwards, rescoring, everything else.
+        "forward_share": prof.forward_seconds / total,
+        "overhead_share": prof.overhead_share,
+        "decode_tokens_per_s": (len(prof.tokens) - 1) / total,  # after the first token (prefill excluded)
+        "tokens_per_s": len(prof.tokens) / prof.seconds,  # end to end, as HF generate is timed
     }
 
 
@@ -192,7 +193,7 @@ def main(argv=None) -> int:
         row["target_greedy_tokens_per_s"] = args.max_new_tokens / t_plain
         for name, (layout, ctrl) in layouts.items():
             dec = SpeculativeDecoder(target, draft, layout, args.draft_length)
-            tokens, row[name] = run_policy(dec, prompt, args.max_new_tokens, ctrl, timer, peak, dw)
+            tokens, row[name] = run_policy(dec, prompt, args.max_new_tokens, ctrl, peak, dw)
             row[name]["shared_prefix_with_greedy"] = shared_prefix(tokens, plain)
             del dec
         for name, k in (("hf_assisted", args.draft_length), ("hf_assisted_default", None)):

@@ -17,12 +17,20 @@ Resuming: rerunning the same command continues where a run stopped, even after a
 the last finished prompt, training from the latest checkpoint (bit-identical to an uninterrupted run), the table
 from its last finished row (rows in <output-dir>/state). The W&B run resumes under the same id. A rerun with other
 training settings is refused (exit 2); --no-resume starts over (the target outputs are kept when they match).
+
+Data parallel: ``torchrun --nproc-per-node N experiments/train_compressibility.py --grad-accum G ...`` (G a multiple
+of N; gloo on CPU, nccl with --device cuda, process r on cuda:LOCAL_RANK) shares the target outputs' prompts, each
+optimizer step's G samples (the same global batch as one process: G / N per process, LoRA gradients summed) and the
+evaluation prompts across the processes. Rank 0 alone writes files, logs to W&B and prints; a run resumes under
+torchrun (with any N dividing G) or alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import io
 import shutil
 import sys
 import time
@@ -31,12 +39,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from rift_ada import distributed
 from rift_ada.cli import ArgumentParser, add_model_options, add_runtime_options, apply_runtime, fail, require_positive
 
 
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_options(p, drafter="testbed")
+    add_model_options(p, drafter="testbed", device_map=True)
     add_runtime_options(p)
     m = p.add_argument_group("data")
     m.add_argument("--train-prompts", type=int, default=32)
@@ -71,6 +80,14 @@ def parse_args(argv=None):
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--wandb-project", default="rift-ada")
     o.add_argument("--wandb-mode", default="offline", choices=["offline", "online", "disabled"])
+    if distributed.is_main():
+        return _checked(p, argv)
+    # Under torchrun every process parses the same options: rank 0 alone prints --help or a usage error.
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return _checked(p, argv)
+
+
+def _checked(p, argv):
     args = p.parse_args(argv)
     if not 0 < args.ratio_min <= args.ratio_max <= 1:
         p.error(f"the compression ratio range must satisfy 0 < --ratio-min <= --ratio-max <= 1, got "
@@ -92,8 +109,47 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         apply_runtime(args)
-    except ValueError as e:
-        return fail(e)
+        # Under torchrun: this process's device (cuda -> cuda:LOCAL_RANK) and the process group; no-ops otherwise.
+        # (args.device stays as given: it is part of the run's settings, which a resume compares.)
+        device = distributed.local_device(args.device)
+        world = distributed.init(device)
+        if args.grad_accum % world:
+            raise ValueError(f"--grad-accum {args.grad_accum} (samples per optimizer step, the global batch) is not a "
+                             f"multiple of the {world} torchrun processes: use a multiple of {world}")
+        if not distributed.is_main():  # rank 0 alone prints: the others' library progress bars and warnings too
+            import warnings
+
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+            warnings.simplefilter("ignore")
+        code = _main(args, device)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        distributed.destroy(meet=False)
+        # Every process runs the same setup and meets the same bad input: rank 0 reports it. An error on one
+        # process's own share (RankError) is reported by that process.
+        return fail(e) if distributed.is_main() or isinstance(e, distributed.RankError) else 2
+    except BaseException:
+        distributed.destroy(meet=False)
+        raise
+    distributed.destroy()
+    return code
+
+
+def _on_main(fn):
+    """``fn()`` on rank 0 alone (it writes files); its ValueError is raised on every process, so all stop alike."""
+    err = None
+    if distributed.is_main():
+        try:
+            fn()
+        except ValueError as e:
+            err = str(e)
+    err = distributed.broadcast(err)
+    if err is not None:
+        raise ValueError(err)
+
+
+def _main(args, device: str) -> int:
     from rift_ada import lora
     from rift_ada.data import build_tasks, encode_prompts
     from rift_ada.models import load_pair
@@ -101,41 +157,47 @@ def main(argv=None) -> int:
     from rift_ada.trainers.state import RunState, config_of, write_json
     from rift_ada.trainers.wandb_logging import ResumableRun
 
+    main = distributed.is_main()
     out = Path(args.output_dir)
-    if args.no_resume:
-        for folder in ("checkpoints", "state"):
-            shutil.rmtree(out / folder, ignore_errors=True)
-    state = RunState(out / "state")
     config = config_of(args, SESSION_OPTIONS + EVAL_OPTIONS)
-    t_start = time.time()
-    try:
+
+    def start_state():
+        if args.no_resume:
+            for folder in ("checkpoints", "state"):
+                shutil.rmtree(out / folder, ignore_errors=True)
         if not args.build_targets_only:  # targets alone fix no training settings
-            state.check_config(config, "pass --no-resume to start over with these settings, or another --output-dir")
-        pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype)
-        enc = lambda tasks: encode_prompts(pair.tokenizer, tasks)  # noqa: E731
-        targets = Path(args.targets) if args.targets else out / "targets"
-        if not (targets / "meta.json").is_file():
-            if args.targets:
-                raise FileNotFoundError(f"no target outputs in {str(targets)!r} (meta.json missing)")
-            fams = ["low", "mixed", "high"]
-            tasks = [t for i, f in enumerate(tqdm(fams, desc="building prompts")) for t in build_tasks(
-                pair.tokenizer, f, n=-(-args.train_prompts // 3), input_tokens=args.input_tokens,
-                seed=args.seed + 100 + i, split="train")][: args.train_prompts]
-            C.build_target_outputs(pair.target, enc(tasks), args.continuation_tokens, targets, args.top_k,
-                                   args.target_temperature, args.seed, args.target)
-        meta, samples = C.load_target_outputs(targets, vocab_size=pair.draft.config.vocab_size)
-        if not args.targets:
-            check_targets(meta, args, targets)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        return fail(e)
+            RunState(out / "state").check_config(
+                config, "pass --no-resume to start over with these settings, or another --output-dir")
+
+    _on_main(start_state)  # rank 0 alone touches the state folder; every process stops on a refusal
+    state = RunState(out / "state") if main else None
+    t_start = time.time()
+    pair = load_pair(args.target, args.drafter, device=device, dtype=args.dtype, device_map=args.device_map)
+    enc = lambda tasks: encode_prompts(pair.tokenizer, tasks)  # noqa: E731
+    targets = Path(args.targets) if args.targets else out / "targets"
+    if not (targets / "meta.json").is_file():
+        if args.targets:
+            raise FileNotFoundError(f"no target outputs in {str(targets)!r} (meta.json missing)")
+        fams = ["low", "mixed", "high"]
+        tasks = [t for i, f in enumerate(tqdm(fams, desc="building prompts", disable=not main)) for t in build_tasks(
+            pair.tokenizer, f, n=-(-args.train_prompts // 3), input_tokens=args.input_tokens,
+            seed=args.seed + 100 + i, split="train")][: args.train_prompts]
+        C.build_target_outputs(pair.target, enc(tasks), args.continuation_tokens, targets, args.top_k,
+                               args.target_temperature, args.seed, args.target)  # sharded under torchrun
+    meta, samples = C.load_target_outputs(targets, vocab_size=pair.draft.config.vocab_size)
+    if not args.targets:
+        check_targets(meta, args, targets)
     if args.build_targets_only:
-        print(f"target outputs: {len(samples)} samples in {targets}")
+        if main:
+            print(f"target outputs: {len(samples)} samples in {targets}")
         return 0
 
     base = pair.draft  # the target itself for --drafter self: it stays unadapted and verifies
-    run = ResumableRun(state.path("wandb.json"), project=args.wandb_project, mode=args.wandb_mode, dir=str(out),
-                       config=config, job_type="train_compressibility")
-    run.define_metric("lora/*", step_metric="lora/step")
+    run = None
+    if main:  # one W&B run, rank 0's
+        run = ResumableRun(state.path("wandb.json"), project=args.wandb_project, mode=args.wandb_mode, dir=str(out),
+                           config=config, job_type="train_compressibility")
+        run.define_metric("lora/*", step_metric="lora/step")
     torch.manual_seed(args.seed)
     student = lora.attach(copy.deepcopy(base), rank=args.lora_rank, alpha=2 * args.lora_rank)
     cfg = C.TrainConfig(steps=args.steps, lr=args.lr, grad_accum=args.grad_accum,
@@ -143,18 +205,24 @@ def main(argv=None) -> int:
                         period=args.period, dyn_share=args.dyn_share, checkpoint_every=args.checkpoint_every,
                         seed=args.seed)
     t0 = time.time()
-    trained = C.train(student, samples, cfg, out, resume=not args.no_resume, log=run.log, stop_after=args.stop_after)
+    trained = C.train(student, samples, cfg, out, resume=not args.no_resume, log=run.log if run else None,
+                      stop_after=args.stop_after)
     train_s = time.time() - t0
-    lora.save(student, lora.fingerprint(base), out / "adapter")
+    if main:
+        lora.save(student, lora.fingerprint(base), out / "adapter")
     if args.stop_after is not None and trained["steps_done"] < args.steps:
-        print(f"stopped after step {trained['steps_done']} (checkpoint saved); rerun to resume", file=sys.stderr)
-        run.finish()
+        if main:
+            print(f"stopped after step {trained['steps_done']} (checkpoint saved); rerun to resume", file=sys.stderr)
+            run.finish()
         return 0
 
     # Evaluation on held-out prompts: untrained vs trained drafter, same prompts and seeds; one state unit per row.
+    # Under torchrun every process evaluates its share of the prompts of every row (evaluate() gathers).
     eval_ids = enc(build_tasks(pair.tokenizer, "low", n=args.eval_prompts, input_tokens=args.input_tokens,
                                seed=args.seed, split="eval"))
     rows = evaluate_table(pair, base, student, eval_ids, args, state)
+    if not main:
+        return 0
     table = format_table(rows)
     results = {"rows": rows, "train_seconds": train_s, "total_seconds": time.time() - t_start,
                "final_kl": trained["history"][-1]["loss"] if trained["history"] else None,
@@ -211,10 +279,25 @@ def evaluate_table(pair, base, student, eval_ids, args, state) -> list[dict]:
 
     cols = ("temperature", "policy", "budget_fraction", "budget", "al_untrained", "al_trained", "relative_change")
     todo = [(temp, pol, frac) for temp in args.temperatures for pol, frac in configs]
-    rows = [state.unit(f"eval-t{temp:g}-{pol}-{'full' if frac is None else f'{frac:g}'}",
-                       lambda temp=temp, pol=pol, frac=frac: row(temp, pol, frac), key=settings)
-            for temp, pol, frac in tqdm(todo, desc="evaluation")]
+    rows = [unit(state, f"eval-t{temp:g}-{pol}-{'full' if frac is None else f'{frac:g}'}",
+                 lambda temp=temp, pol=pol, frac=frac: row(temp, pol, frac), settings)
+            for temp, pol, frac in tqdm(todo, desc="evaluation", disable=not distributed.is_main())]
     return [{c: r[c] for c in cols} for r in rows]
+
+
+def unit(state, name: str, compute, key) -> dict:
+    """``state.unit(name, compute, key)`` in one process. Under torchrun rank 0 (``state``; None elsewhere) says
+    whether the unit is stored; if not, every process computes it (``compute`` is collective: evaluate() shards and
+    gathers) and rank 0 stores it. Every process returns rank 0's value."""
+    if distributed.world_size() == 1:
+        return state.unit(name, compute, key)
+    main = distributed.is_main()
+    stored = distributed.broadcast(state.load(name, key) if main else None)
+    if stored is not None:
+        return stored
+    t0 = time.time()
+    result = compute()
+    return distributed.broadcast(state.store(name, result, time.time() - t0, key) if main else None)
 
 
 def format_table(rows: list[dict]) -> str:

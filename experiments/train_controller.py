@@ -50,7 +50,7 @@ from rift_ada.trainers.state import atomic_write, config_of, open_state, write_j
 
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_options(p)
+    add_model_options(p, device_map=True)
     add_cache_options(p, policy=None)  # a RIFT layout; the controllers are what is learned
     add_decoding_options(p)
     add_runtime_options(p)
@@ -124,6 +124,14 @@ SESSION_OPTIONS = ("output_dir", "resume", "overwrite", "threads", "wandb_projec
 
 
 def main(argv=None) -> int:
+    from rift_ada import distributed
+
+    if distributed.launched_world_size() > 1:
+        # Every process would run the whole job and write the same files. Its pieces shard by themselves where they
+        # can (trainers/counterfactual.collect, rift_ada.evaluate); PPO / DQN training here is one process.
+        err = ValueError("experiments/train_controller.py runs as one process: run it without torchrun "
+                         "(its PPO / DQN training is not data parallel)")
+        return fail(err) if distributed.is_main() else 2
     args = parse_args(argv)
     out = Path(args.output_dir)
     t_start = time.time()
@@ -153,7 +161,8 @@ def main(argv=None) -> int:
     from rift_ada.trainers.wandb_logging import ResumableRun, sb3_logger
 
     try:
-        pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype)
+        pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype,
+                         device_map=args.device_map)
         enc = lambda tasks: encode_prompts(pair.tokenizer, tasks)  # noqa: E731
         bar = tqdm(total=2 * len(families(args.task)), desc="building prompts")
         train_tasks = mixed_tasks(pair.tokenizer, args.task, args.train_prompts, args.input_tokens, args.seed + 1,

@@ -81,6 +81,7 @@ def masked_attention(module, query, key, value, mask, base: str = "sdpa", **kwar
         raise UnsupportedModelError(f"masked attention (compressibility training) models full-attention layers only; "
                                     f"layer {module.layer_idx} of {type(module).__name__} slides")
     g = query.shape[1] // key.shape[1]
+    mask = mask.to(query.device)  # no-op unless the model is spread over devices (device_map)
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key.repeat_interleave(g, 1), value.repeat_interleave(g, 1), attn_mask=mask.repeat_interleave(g, 1),
         scale=module.scaling)

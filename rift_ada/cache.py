@@ -338,7 +338,8 @@ class RiftCache(Cache):
         now, ref = self._mean_queries(), self._reference_queries
         if now is None or ref is None:
             return 0.0
-        cos = torch.stack([(a * b).sum(-1).mean() for a, b in zip(now, ref)]).mean()
+        # Layers of a model spread over GPUs (device_map) live on different devices: meet on the first one's.
+        cos = torch.stack([(a * b).sum(-1).mean().to(now[0].device) for a, b in zip(now, ref)]).mean()
         return float(1.0 - cos)
 
     def active_bytes_by_kind(self) -> dict[str, int]:

@@ -76,12 +76,20 @@ def apply_runtime(args) -> None:
     torch.set_num_threads(args.threads)
 
 
-def add_model_options(parser: argparse.ArgumentParser, drafter: str = "self") -> None:
+def add_model_options(parser: argparse.ArgumentParser, drafter: str = "self", device_map: bool = False) -> None:
+    """``--target``, ``--drafter`` and, with ``device_map`` (for commands that pass it on to
+    ``rift_ada.models.load_pair``), ``--device-map``."""
     g = parser.add_argument_group("models")
     g.add_argument("--target", default="testbed", help="'testbed', a local HF folder or a hub id")
     g.add_argument("--drafter", default=drafter,
                    help="'self' (the target drafts on a compressed cache), 'testbed' (the built-in draft), or a "
                         "local folder / hub id of a draft sharing the target's tokenizer (default: %(default)s)")
+    if not device_map:
+        return
+    g.add_argument("--device-map", default=None, choices=["auto", "balanced", "balanced_low_0", "sequential"],
+                   help="spread each model's layers over the machine's GPUs with accelerate (models larger than one "
+                        "GPU; --device is then ignored for the weights); without GPUs everything stays on the CPU. "
+                        "Not under torchrun with several processes")
 
 
 def add_cache_options(parser: argparse.ArgumentParser, policy: str | None = "rift-stat", budget: int = 512) -> None:

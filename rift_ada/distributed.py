@@ -1,11 +1,15 @@
-"""Data-parallel evaluation under ``torchrun``: every process decodes a shard of the prompts, results are gathered.
+"""Data parallelism under ``torchrun``: every process decodes (or labels, or precomputes) a shard of the prompts and
+the results are gathered; the compressibility trainer also sums its LoRA gradients across processes.
 
     torchrun --nproc-per-node 2 -m rift_ada.evaluate --json ...
+    torchrun --nproc-per-node 2 experiments/train_compressibility.py --grad-accum 4 ...
 
 ``init(device)`` joins the process group torchrun describes in its environment (gloo on CPU, nccl on CUDA, where
 process ``LOCAL_RANK`` takes ``cuda:LOCAL_RANK``, see :func:`local_device`); without torchrun it does nothing and the
 world is one process. :func:`shard` and :func:`gather` are then the identity, so code written with them runs
-unchanged in a single process. ``rift_ada.evaluate.evaluate`` uses them; nothing here patches torch or anything else.
+unchanged in a single process, and so are :func:`broadcast` and :func:`all_reduce_sum_`. ``rift_ada.evaluate.evaluate``,
+``trainers/compressibility.py`` and ``trainers/counterfactual.collect`` use them; nothing here patches torch or anything
+else.
 """
 
 from __future__ import annotations
@@ -33,6 +37,11 @@ class RankError(RuntimeError):
 def launched() -> bool:
     """True in a process started by torchrun (it sets ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK`` ...)."""
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def launched_world_size() -> int:
+    """The number of processes torchrun started (its ``WORLD_SIZE``; 1 outside torchrun), known before :func:`init`."""
+    return _env_int("WORLD_SIZE", 1) if launched() else 1
 
 
 def _env_int(name: str, default: int) -> int:
@@ -136,6 +145,52 @@ def gather(indexed: list[tuple[int, T]]) -> list[T]:
         raise RuntimeError(f"gathered indices {[i for i, _ in pairs]} are not 0..{len(pairs) - 1}: the processes "
                            "sharded different lists")
     return [item for _, item in pairs]
+
+
+def broadcast(obj: T) -> T:
+    """Rank 0's ``obj`` on every process (``broadcast_object_list``, a collective: each process must call it; it is
+    also a barrier). The object is pickled. In a single process: ``obj``."""
+    if world_size() == 1:
+        return obj
+    box = [obj if rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier() -> None:
+    """Wait until every process comes here (no-op in a single process)."""
+    broadcast(None)
+
+
+def _flat_groups(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    groups: dict = {}
+    for t in tensors:
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    return list(groups.values())
+
+
+def all_reduce_sum_(tensors: Sequence[torch.Tensor]) -> None:
+    """Sum each tensor over the processes, in place (one flat ``all_reduce`` per device and dtype). Every process
+    gets the very same sums. No-op in a single process."""
+    if world_size() == 1:
+        return
+    for group in _flat_groups(tensors):
+        flat = torch.cat([t.reshape(-1) for t in group])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        for t, part in zip(group, flat.split([t.numel() for t in group])):
+            t.copy_(part.view_as(t))
+
+
+def broadcast_(tensors: Sequence[torch.Tensor]) -> None:
+    """Overwrite each tensor with rank 0's, in place (one flat ``broadcast`` per device and dtype). No-op in a
+    single process."""
+    if world_size() == 1:
+        return
+    for group in _flat_groups(tensors):
+        flat = torch.cat([t.reshape(-1) for t in group])
+        dist.broadcast(flat, src=0)
+        for t, part in zip(group, flat.split([t.numel() for t in group])):
+            t.copy_(part.view_as(t))
 
 
 @contextmanager

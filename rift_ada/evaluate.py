@@ -76,7 +76,7 @@ def evaluate(decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]], cont
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m rift_ada.evaluate", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_options(p)
+    add_model_options(p, device_map=True)
     p.add_argument("--lora", default=None,
                    help="a LoRA adapter folder (experiments/train_compressibility.py) applied to the drafter; with "
                         "--drafter self the adapted copy drafts and the unadapted target verifies")
@@ -107,7 +107,7 @@ def run(args) -> dict:
     from .models import load_pair
     from .speculative import SpeculativeDecoder
 
-    pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype)
+    pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype, device_map=args.device_map)
     tasks = tasks_from_args(args, pair.tokenizer)
     draft = None if pair.self_speculative else pair.draft
     if args.lora:

@@ -90,11 +90,34 @@ def load_tokenizer(name_or_path: str | os.PathLike):
         raise ModelLoadError(f"could not load a tokenizer from {where!r}: {first_line(e)}") from None
 
 
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def check_device_map(device_map: str | None) -> None:
+    """ValueError (one line) for a ``device_map`` :func:`load_model` does not take, or one asked for under torchrun
+    with several processes (each process would spread its own copy over all of the node's GPUs)."""
+    if device_map is None:
+        return
+    if device_map not in DEVICE_MAPS:
+        raise ValueError(f"--device-map {device_map!r}: use one of {', '.join(DEVICE_MAPS)}")
+    from . import distributed
+
+    if distributed.launched_world_size() > 1:
+        raise ValueError("--device-map spreads one model over the node's GPUs; under torchrun each process takes "
+                         "one GPU (--device cuda): use one or the other")
+
+
 def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str | None = None, device: str = "cpu",
-               attn_implementation: str | None = None):
+               attn_implementation: str | None = None, device_map: str | None = None):
     """Load a causal LM in eval mode. ``dtype=None`` keeps float32 on CPU and bfloat16 on CUDA.
     ``attn_implementation=None`` lets transformers choose: SDPA where the model supports it, else its eager attention
     (GPT-OSS: its attention sinks are not expressible in SDPA).
+
+    ``device_map`` (``auto``, ``balanced``, ``balanced_low_0``, ``sequential``; accelerate's strategies) places the
+    layers across the machine's GPUs instead of moving the model to ``device`` (ignored then): a model larger than
+    one GPU. Without GPUs everything lands on the CPU. ``dtype=None`` is then bfloat16 if CUDA is available. Inputs
+    go to ``model.device``, the device of its first parameter (the input embedding); accelerate's hooks move the
+    activations between layers and return the outputs on the inputs' device.
 
     Raises :class:`ModelLoadError` (one line) for a missing, corrupt or truncated checkpoint, and for one that lacks
     weights or holds weights of the wrong shape (transformers would initialise those randomly, or fail after a
@@ -103,9 +126,11 @@ def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str | None 
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
+    check_device_map(device_map)
     where = resolve(name_or_path)
     if dtype is None:
-        dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+        cuda = str(device).startswith("cuda") if device_map is None else torch.cuda.is_available()
+        dtype = torch.bfloat16 if cuda else torch.float32
     if isinstance(dtype, str):
         dtype = DTYPES[dtype_name(dtype)]
     check_files(where)
@@ -121,8 +146,10 @@ def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str | None 
 
     report_logger.addFilter(hold)
     try:
+        placement = {} if device_map is None else {"device_map": device_map}
         model, info = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation=attn_implementation,
-                                                           output_loading_info=True, ignore_mismatched_sizes=True)
+                                                           output_loading_info=True, ignore_mismatched_sizes=True,
+                                                           **placement)
     except (OSError, ValueError, RuntimeError, SafetensorError) as e:
         raise ModelLoadError(f"could not load a model from {where!r}: {first_line(e)}") from None
     finally:
@@ -136,7 +163,7 @@ def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str | None 
                                  "incomplete, or not the checkpoint of this config.json")
     for record in held:
         report_logger.handle(record)
-    return model.to(device).eval()
+    return (model if device_map is not None else model.to(device)).eval()
 
 
 @dataclass
@@ -164,18 +191,22 @@ def check_architecture(name_or_path: str | os.PathLike) -> None:
     layer_kinds(config)
 
 
-def load_pair(target: str = "testbed", drafter: str = "testbed", device: str = "cpu", dtype=None) -> ModelPair:
-    """``drafter``: ``self`` (the target drafts for itself), ``testbed`` (the built-in draft), or a path / hub id."""
+def load_pair(target: str = "testbed", drafter: str = "testbed", device: str = "cpu", dtype=None,
+              device_map: str | None = None) -> ModelPair:
+    """``drafter``: ``self`` (the target drafts for itself), ``testbed`` (the built-in draft), or a path / hub id.
+    ``device_map="auto"`` spreads each model over the machine's GPUs (:func:`load_model`); the draft is placed after
+    the target, in the memory the target left."""
+    check_device_map(device_map)
     drafter_name = target if drafter == "self" else "testbed-draft" if drafter == "testbed" else drafter
     check_files(target)
     check_files(drafter_name)  # a damaged draft fails before the target loads
     check_architecture(target)
     check_architecture(drafter_name)
     tok = load_tokenizer(target)
-    tgt = load_model(target, dtype=dtype, device=device)
+    tgt = load_model(target, dtype=dtype, device=device, device_map=device_map)
     if drafter == "self":
         return ModelPair(tgt, tgt, tok, True)
-    drf = load_model(drafter_name, dtype=dtype, device=device)
+    drf = load_model(drafter_name, dtype=dtype, device=device, device_map=device_map)
     check_vocab(tgt, drf)
     return ModelPair(tgt, drf, tok, False)
 

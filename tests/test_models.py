@@ -48,3 +48,40 @@ def test_pair_self_and_external():
     assert n_d < n_t, "the draft is the smaller model"
     assert min(m.config.max_position_embeddings for m in (pair.target, pair.draft)) >= 4096 + 256
     assert all(p.dtype == torch.float32 for p in pair.target.parameters())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only placement")
+def test_device_map_auto_on_cpu_decodes_losslessly(testbed_target, testbed_draft, tokenizer):
+    """``device_map="auto"`` (accelerate) on a machine without GPUs puts every weight on the CPU, and speculative
+    decoding on the pair gives the very tokens of the pair loaded without it (and the target's own greedy output)."""
+    from rift_ada.cli import ArgumentParser, add_model_options
+    from rift_ada.data import build_tasks, encode
+    from rift_ada.models import greedy_reference
+    from rift_ada.policies import make_policy
+    from rift_ada.speculative import SpeculativeDecoder
+
+    pair = load_pair("testbed", "testbed", device_map="auto")
+    for model, plain in ((pair.target, testbed_target), (pair.draft, testbed_draft)):
+        assert {p.device.type for p in model.parameters()} == {"cpu"} and model.device.type == "cpu"
+        assert model.dtype == torch.float32  # the CPU default, as without a device map
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), plain.state_dict().values()))
+    ids = encode(tokenizer, build_tasks(tokenizer, "low", n=1, input_tokens=1024)[0].prompt)
+    pol = make_policy("rift-dyn", budget=128, period=16)
+    out = [SpeculativeDecoder(t, d, pol.layout, 6, eos_token_id=tokenizer.eos_token_id).generate(ids, 48,
+                                                                                                 pol.controller).tokens
+           for t, d in ((pair.target, pair.draft), (testbed_target, testbed_draft))]
+    assert out[0] == out[1] == greedy_reference(testbed_target, ids, 48, tokenizer.eos_token_id)
+    p = ArgumentParser()
+    add_model_options(p, device_map=True)
+    assert p.parse_args(["--device-map", "auto"]).device_map == "auto" and p.parse_args([]).device_map is None
+    with pytest.raises(SystemExit):
+        p.parse_args(["--device-map", "everywhere"])
+
+
+def test_device_map_is_refused_under_torchrun_with_several_processes(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="under torchrun each process takes one GPU"):
+        load_pair("testbed", "testbed", device_map="auto")
+    with pytest.raises(ValueError, match="use one of auto"):
+        load_model("testbed", device_map="everywhere")

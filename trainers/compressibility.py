@@ -6,7 +6,8 @@ Pieces, in the order a training step uses them:
    "vocab_size", "continuation_tokens"}) and ``samples.pt``, a list of dicts with ``prompt_ids`` (P,) and
    ``continuation_ids`` (C,) int64, ``topk_ids`` (C, k) int64 and ``topk_logprobs`` (C, k) float32, where row i is
    the target's distribution over continuation token i (its logits at position P - 1 + i). While building, finished
-   prompts wait in ``samples.partial.pt`` (an interrupted build resumes there).
+   prompts wait in ``samples.partial.pt`` (an interrupted build resumes there). Under torchrun each process
+   generates its strided share of the prompts and rank 0 writes the very files one process writes.
 2. **Frozen scoring pass**: the draft with adapters disabled runs densely over prompt + continuation, recording
    post-RoPE keys and queries; the inference scorer (``select_importance``) picks each layer's importance
    positions per KV head, once after the prompt (RIFT-stat) or again every ``period`` tokens (RIFT-dyn).
@@ -16,6 +17,10 @@ Pieces, in the order a training step uses them:
    The compression ratio (budget / prompt length) is drawn per sample from a range.
 4. **Masked pass** with the adapters on; loss = KL(target || draft) over the continuation on the target's top-k
    support plus one bucket for the remaining mass.
+
+Data parallel (torchrun, :mod:`rift_ada.distributed`): an optimizer step's ``grad_accum`` samples (the global batch,
+the same as in one process) are split evenly across the processes, their LoRA gradients summed, and rank 0 alone
+writes checkpoints and logs. The loss curve equals one process's up to floating-point summation order.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from rift_ada import distributed
 from rift_ada.attention import use_rift_attention
 from rift_ada.cache import RiftCache, RiftLayer
 from rift_ada.layout import CacheLayout
@@ -48,43 +54,71 @@ def build_target_outputs(target, prompts: list[list[int]], continuation_tokens: 
 
     Resumable: finished prompts go to ``samples.partial.pt`` as they end, and a rerun with the same prompts and
     settings continues after them (each prompt's sampling seed is drawn up front, so it does not depend on where a
-    run stopped). ``meta.json`` is written last: it marks a complete folder."""
+    run stopped). ``meta.json`` is written last: it marks a complete folder.
+
+    Under torchrun (once ``rift_ada.distributed.init`` has joined the group; every process calls this with the same
+    arguments) the prompts are shared out strided, as :func:`rift_ada.distributed.shard` does: in each round of W
+    prompts (W processes) process r generates prompt ``start + r``; the round's samples are gathered and rank 0
+    appends them, in prompt order, to the partial file. So the files (and a resume from them, by any number of
+    processes) are those of one process; the others return once rank 0 has written ``meta.json``."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    world, rank, main = distributed.world_size(), distributed.rank(), distributed.is_main()
+    if main:
+        folder.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(seed)
     seeds = [int(torch.randint(2**31, (1,), generator=g)) for _ in prompts]
     settings = {"target": target_name, "top_k": top_k, "temperature": temperature, "seed": seed,
                 "continuation_tokens": continuation_tokens}
     partial = folder / "samples.partial.pt"
-    saved = torch.load(partial, weights_only=True) if partial.is_file() else {}
-    samples = saved.get("samples", []) if saved.get("settings") == settings else []
-    done = 0  # the stored prefix that belongs to these prompts
-    while done < min(len(samples), len(prompts)) and samples[done]["prompt_ids"].tolist() == list(prompts[done]):
-        done += 1
-    samples = samples[:done]
-    for i in tqdm(range(done, len(prompts)), initial=done, total=len(prompts), desc="target outputs",
-                  disable=not progress):
-        ids = prompts[i]
-        x = torch.tensor([ids], device=target.device)
-        kw = dict(do_sample=True, temperature=temperature, top_k=None, top_p=None) if temperature > 0 else \
-            dict(do_sample=False, temperature=None, top_k=None, top_p=None)
-        if temperature > 0:
-            torch.manual_seed(seeds[i])
-        out = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=continuation_tokens,
-                              eos_token_id=None, pad_token_id=0, **kw)
-        cont = out[0, len(ids):]
-        logits = target(out, logits_to_keep=len(cont) + 1).logits[0, :len(cont)].float()
-        logp = torch.log_softmax(logits, -1)
-        top = logp.topk(top_k, dim=-1)
-        samples.append({"prompt_ids": torch.tensor(ids), "continuation_ids": cont.cpu(),
-                        "topk_ids": top.indices.cpu(), "topk_logprobs": top.values.cpu()})
-        atomic_write(partial, lambda tmp: torch.save({"settings": settings, "samples": samples}, tmp))
-    atomic_write(folder / "samples.pt", lambda tmp: torch.save(samples, tmp))
-    meta = {"format": FORMAT, "target": target_name, "top_k": top_k, "temperature": temperature,
-            "samples": len(samples), "vocab_size": target.config.vocab_size, "continuation_tokens": continuation_tokens}
-    write_json(folder / "meta.json", meta)
-    partial.unlink(missing_ok=True)
+    samples, done = [], 0
+    if main:  # only rank 0 reads and writes the files; the others learn where to start from it
+        saved = torch.load(partial, weights_only=True) if partial.is_file() else {}
+        samples = saved.get("samples", []) if saved.get("settings") == settings else []
+        while done < min(len(samples), len(prompts)) and samples[done]["prompt_ids"].tolist() == list(prompts[done]):
+            done += 1  # the stored prefix that belongs to these prompts
+        samples = samples[:done]
+    done = distributed.broadcast(done)
+    bar = tqdm(total=len(prompts), initial=done, desc="target outputs", disable=not progress or not main)
+    for start in range(done, len(prompts), world):
+        mine = []
+        if start + rank < len(prompts):
+            i = start + rank
+            with distributed.on_shard(i):
+                mine.append((rank, _target_sample(target, prompts[i], continuation_tokens, top_k, temperature,
+                                                  seeds[i])))
+        finished = distributed.gather(mine)  # this round's samples, in prompt order
+        if main:
+            samples.extend(finished)
+            atomic_write(partial, lambda tmp: torch.save({"settings": settings, "samples": samples}, tmp))
+        bar.update(len(finished))
+    bar.close()
+    if main:
+        atomic_write(folder / "samples.pt", lambda tmp: torch.save(samples, tmp))
+        meta = {"format": FORMAT, "target": target_name, "top_k": top_k, "temperature": temperature,
+                "samples": len(samples), "vocab_size": target.config.vocab_size,
+                "continuation_tokens": continuation_tokens}
+        write_json(folder / "meta.json", meta)
+        partial.unlink(missing_ok=True)
+    distributed.barrier()  # the folder is complete before any process reads it
     return folder
+
+
+def _target_sample(target, ids: list[int], continuation_tokens: int, top_k: int, temperature: float,
+                   seed: int) -> dict:
+    """One prompt's stored sample: the target's continuation and its top-k log-probabilities (see the format)."""
+    x = torch.tensor([ids], device=target.device)
+    kw = dict(do_sample=True, temperature=temperature, top_k=None, top_p=None) if temperature > 0 else \
+        dict(do_sample=False, temperature=None, top_k=None, top_p=None)
+    if temperature > 0:
+        torch.manual_seed(seed)
+    out = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=continuation_tokens,
+                          eos_token_id=None, pad_token_id=0, **kw)
+    cont = out[0, len(ids):]
+    logits = target(out, logits_to_keep=len(cont) + 1).logits[0, :len(cont)].float()
+    logp = torch.log_softmax(logits, -1)
+    top = logp.topk(top_k, dim=-1)
+    return {"prompt_ids": torch.tensor(ids), "continuation_ids": cont.cpu(), "topk_ids": top.indices.cpu(),
+            "topk_logprobs": top.values.cpu()}
 
 
 def load_target_outputs(folder: str | Path, vocab_size: int | None = None) -> tuple[dict, list[dict]]:
@@ -248,48 +282,83 @@ def train(model, samples: list[dict], cfg: TrainConfig, output_dir: str | Path, 
     """LoRA training of ``model`` (a peft model) on ``samples``. Checkpoints (adapter, optimizer, step) go to
     ``output_dir/checkpoints/step-N`` every ``checkpoint_every`` steps; with ``resume`` the latest is loaded and
     training continues at the next step with the same samples it would have seen. ``stop_after`` ends the run
-    after that step (simulating an interruption)."""
+    after that step (simulating an interruption).
+
+    Under torchrun (once ``rift_ada.distributed.init`` has joined the group; every process calls this with the same
+    model, samples and settings) the global batch stays ``grad_accum`` samples per optimizer step: process r of W
+    takes the step's samples ``r * grad_accum / W`` .. ``(r + 1) * grad_accum / W - 1`` of the very sequence one
+    process sees (``sample_order`` and the per-sample layout draws are indexed globally), and ValueError if
+    ``grad_accum`` is not a multiple of W. Every process ends with the same adapter and history; rank 0 alone writes
+    checkpoints, calls ``log`` and shows progress. Every process resumes from the checkpoint rank 0 finds."""
     from peft import set_peft_model_state_dict
     from peft.utils import get_peft_model_state_dict
 
+    world, rank, main = distributed.world_size(), distributed.rank(), distributed.is_main()
+    if cfg.grad_accum % world:
+        raise ValueError(f"--grad-accum {cfg.grad_accum} (samples per optimizer step, the global batch) is not a "
+                         f"multiple of the {world} torchrun processes: each process takes an equal share")
+    per_rank = cfg.grad_accum // world
     out = Path(output_dir)
     ckpt_dir = out / "checkpoints"
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    if main:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     start, history = 0, []
-    if resume and _checkpoints(ckpt_dir):
-        last = _checkpoints(ckpt_dir)[-1]
-        state = torch.load(last / "state.pt", weights_only=False)
+    last = distributed.broadcast(str(_checkpoints(ckpt_dir)[-1]) if main and resume and _checkpoints(ckpt_dir)
+                                 else None)  # one checkpoint for all processes (the folder is shared)
+    if last is not None:
+        state = torch.load(Path(last) / "state.pt", weights_only=False)
         set_peft_model_state_dict(model, state["adapter"])
         opt.load_state_dict(state["optimizer"])
         start, history = state["step"], state["history"]
+    # Data parallel: every process must start from the same adapter (a fresh one is seeded alike; this makes sure).
+    with torch.no_grad():
+        distributed.broadcast_(params)
     model.train()
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="LoRA compressibility",
-               disable=not progress)
+               disable=not progress or not main)
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
         opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for micro in range(cfg.grad_accum):
+        losses = []  # (position in the step, this process's sample losses): all of them in one process
+        for micro in range(rank * per_rank, (rank + 1) * per_rank):
             index = step * cfg.grad_accum + micro
             sample = samples[sample_order(len(samples), cfg.seed, index)]
             rng = random.Random(f"{cfg.seed}/spec/{index}")
             dyn = rng.random() < cfg.dyn_share
             layout = sample_layout(len(sample["prompt_ids"]), cfg.ratio_range, rng, cfg.window_fraction,
                                    cfg.obs_window, cfg.scorer, cfg.lookahead)
-            loss = sample_loss(model, sample, layout, cfg.period if dyn else None) / cfg.grad_accum
-            loss.backward()
-            total += loss.item()
+            with distributed.on_shard(index):
+                # Divided by the global batch: the step's loss (and gradient) is the mean over all its samples.
+                loss = sample_loss(model, sample, layout, cfg.period if dyn else None) / cfg.grad_accum
+                loss.backward()
+            losses.append((micro, loss.item()))
+        if world > 1:
+            # Data parallel by hand rather than DistributedDataParallel. The gradient one process accumulates is
+            # sum_i grad(loss_i / grad_accum) over the step's samples; summing the processes' partial sums gives that
+            # very gradient (up to summation order), whereas DDP *averages* over processes, so the losses would have
+            # to be scaled by W to compensate. DDP would also wrap the peft model (sample_loss calls its
+            # disable_adapter() for the frozen scoring pass), need no_sync() for every sample but the last, and
+            # overlap communication with a backward pass whose LoRA gradients are small: one flat all-reduce per
+            # optimizer step is simpler and as fast. Clipping and AdamW then see the same gradient on every process,
+            # so the adapters stay identical without further communication.
+            for p in params:
+                if p.grad is None:  # unused in this process's forwards: contributes zero
+                    p.grad = torch.zeros_like(p)
+            distributed.all_reduce_sum_([p.grad for p in params])
+        total = 0.0
+        for value in distributed.gather(losses):  # every sample's loss, in the step's order: one process's sum
+            total += value
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         history.append({"step": step + 1, "loss": total, "lr": opt.param_groups[0]["lr"]})
         bar.set_postfix(kl=f"{total:.4f}")
-        if log is not None:
+        if log is not None and main:
             log({"lora/kl": total, "lora/lr": opt.param_groups[0]["lr"], "lora/step": step + 1})
         done = step + 1 == cfg.steps or (stop_after is not None and step + 1 >= stop_after)
-        if (step + 1) % cfg.checkpoint_every == 0 or done:
+        if main and ((step + 1) % cfg.checkpoint_every == 0 or done):
             ckpt = {"adapter": get_peft_model_state_dict(model), "optimizer": opt.state_dict(), "step": step + 1,
                     "history": history}
             atomic_write(ckpt_dir / f"step-{step + 1}" / "state.pt", lambda tmp: torch.save(ckpt, tmp))

@@ -3,6 +3,8 @@ compare what the next rounds accept. The label says whether refreshing *now* pai
 
 States come from trajectories that refresh on a random period per prompt, so the data covers fresh and stale caches.
 Greedy branches are deterministic; sampled branches share their random numbers (the fork copies the generator).
+Under torchrun :func:`collect` shares the prompts out across the processes (``rift_ada.distributed``) and gathers
+the same data one process collects.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
-from rift_ada import signals
+from rift_ada import distributed, signals
 from rift_ada.refresh import PeriodicController
 
 
@@ -70,10 +72,18 @@ def collect(decoder, prompts: list[list[int]], max_new_tokens: int, horizon: int
             period_range: tuple[int, int] = (16, 192), seed: int = 0, per_prompt: int | None = 24,
             progress: bool = True) -> CounterfactualData:
     """Label every ``every``-th round of each prompt's trajectory (``horizon`` rounds per branch), at most
-    ``per_prompt`` states per prompt, spread over the generation (a stale cache makes many one-token rounds)."""
+    ``per_prompt`` states per prompt, spread over the generation (a stale cache makes many one-token rounds).
+
+    Under torchrun (once ``rift_ada.distributed.init`` has joined the group; every process calls this with the same
+    prompts and settings) each process labels its strided share of the prompts and every process returns the whole
+    data, in prompt order: the same as one process's (a prompt's data depends on its own arguments alone)."""
     periods = behaviour_periods(len(prompts), period_range, seed)
-    parts = [collect_prompt(decoder, ids, max_new_tokens, period, horizon, every, per_prompt)
-             for ids, period in tqdm(list(zip(prompts, periods)), desc="counterfactual data", disable=not progress)]
+    mine = []
+    for i, ids in tqdm(distributed.shard(prompts), desc="counterfactual data",
+                       disable=not progress or not distributed.is_main()):
+        with distributed.on_shard(i):
+            mine.append((i, collect_prompt(decoder, ids, max_new_tokens, periods[i], horizon, every, per_prompt)))
+    parts = distributed.gather(mine)  # every process's share, in prompt order
     empty = (np.zeros((0, len(signals.NAMES)), np.float32), np.zeros(0))
     return CounterfactualData(np.concatenate([x for x, _ in [empty, *parts]]),
                               np.concatenate([g for _, g in [empty, *parts]]), horizon)

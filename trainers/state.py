@@ -53,15 +53,28 @@ class RunState:
         """The result of unit ``name``: loaded when finished before (with the same ``key``, if given), otherwise
         ``compute()`` (a JSON-able dict), timed and stored. Both paths return the stored JSON, so an uninterrupted
         and a resumed job go on with bit-identical values."""
+        stored = self.load(name, key)
+        if stored is not None:
+            return stored
+        t0 = time.time()
+        result = compute()
+        return self.store(name, result, time.time() - t0, key)
+
+    def load(self, name: str, key=None) -> dict | None:
+        """Unit ``name`` as stored (with the same ``key``, if given), or None: what :meth:`unit` would load."""
         path = self.folder / f"{name}.json"
         if path.is_file():
             stored = json.loads(path.read_text())
             if key is None or stored.get("key") == json.loads(json.dumps(key)):
                 return stored
-        t0 = time.time()
-        result = {**compute(), "seconds": time.time() - t0}
+        return None
+
+    def store(self, name: str, result: dict, seconds: float, key=None) -> dict:
+        """Store a unit's ``result`` (computed in ``seconds``) and return it as stored: what :meth:`unit` stores."""
+        result = {**result, "seconds": seconds}
         if key is not None:
             result["key"] = key
+        path = self.folder / f"{name}.json"
         write_json(path, result)
         return json.loads(path.read_text())
 

@@ -75,13 +75,17 @@ def parse_args(argv=None):
                    help="label a state 'refresh' when refreshing gains more accepted tokens than this over the "
                         "horizon (default: the refresh cost)")
     t.add_argument("--ppo-timesteps", type=int, default=2000,
-                   help="PPO environment steps (rounds) per lambda, rounded up to whole rollouts of 256")
+                   help="PPO environment steps (rounds) per lambda, rounded up to whole rollouts (128 x --n-envs)")
     t.add_argument("--learners", default="ppo",
                    help="comma-separated stable-baselines3 learners to train per lambda: ppo, dqn (e.g. ppo,dqn)")
     t.add_argument("--dqn-timesteps", type=int, default=2000,
-                   help="DQN environment steps (rounds) per lambda, rounded up to a multiple of the 2 envs")
+                   help="DQN environment steps (rounds) per lambda, rounded up to a multiple of --n-envs")
     t.add_argument("--lams", type=float, nargs="+", default=[1.0, 4.0],
                    help="refresh-cost weights for the learners (their knob on the tradeoff curve)")
+    t.add_argument("--n-envs", type=int, default=2, help="RefreshEnvs stepping together for PPO / DQN")
+    t.add_argument("--vec-env", default="dummy", choices=["dummy", "subproc"],
+                   help="dummy: the envs step in this process, sharing its models; subproc: one worker process per env, "
+                        "each loading its own models (experiments/bench_env.py measures both)")
     k = p.add_argument_group("tradeoff sweep")
     k.add_argument("--periods", type=int, nargs="+", default=[16, 32, 64, 128, 256])
     k.add_argument("--acc-thresholds", type=float, nargs="+", default=[0.3, 0.5, 0.7, 0.85])
@@ -89,6 +93,11 @@ def parse_args(argv=None):
                    help="entropy rule: refresh when the last round's mean draft entropy exceeds these quantiles of "
                         "the entropies in the counterfactual data (the knob reported is the entropy level)")
     k.add_argument("--logistic-thresholds", type=float, nargs="+", default=[0.3, 0.5, 0.7, 0.85])
+    k.add_argument("--oracle-lams", type=float, nargs="*", default=[1.0, 4.0, 16.0],
+                   help="the hindsight oracle (rift_ada/oracle.py) at these refresh prices in accepted tokens: its "
+                        "points on the tradeoff curve show the saving a controller could reach (none: skip it)")
+    k.add_argument("--oracle-beam", type=int, default=2, help="oracle: branches kept at each decision")
+    k.add_argument("--oracle-block", type=int, default=4, help="oracle: rounds between decisions")
     o = p.add_argument_group("output")
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--output-dir", default="runs/controller")
@@ -101,8 +110,10 @@ def parse_args(argv=None):
                    help="delete a previous run's state and results in --output-dir first (its W&B logs stay)")
     args = p.parse_args(argv)
     require_positive(p, args, ("budget", "max_new_tokens", "train_prompts", "eval_prompts", "horizon",
-                               "ppo_timesteps", "dqn_timesteps", "draft_length", "label_every", "threads"))
-    if any(x <= 0 for x in args.periods) or any(x < 0 for x in args.lams) or args.refresh_cost < 0:
+                               "ppo_timesteps", "dqn_timesteps", "draft_length", "label_every", "threads", "n_envs",
+                               "oracle_beam", "oracle_block"))
+    if (any(x <= 0 for x in args.periods) or any(x < 0 for x in args.lams + args.oracle_lams)
+            or args.refresh_cost < 0):
         p.error("periods must be > 0; lambdas and the refresh cost >= 0")
     if any(not 0 < x < 1 for x in args.acc_thresholds + args.logistic_thresholds + args.entropy_quantiles):
         p.error("thresholds and entropy quantiles must lie in (0, 1)")
@@ -120,7 +131,7 @@ LEARNERS = ("ppo", "dqn")  # stable-baselines3 learners, each trained once per l
 # Files of a finished run (refused or deleted as "a previous run"), and options that do not change its results.
 RESULT_FILES = ("tradeoff.csv", "tradeoff.png", "tradeoff_time.png", "metrics.json", "controller.json",
                 "controller.pt")
-SESSION_OPTIONS = ("output_dir", "resume", "overwrite", "threads", "wandb_project", "wandb_mode")
+SESSION_OPTIONS = ("output_dir", "resume", "overwrite", "threads", "wandb_project", "wandb_mode", "vec_env")
 
 
 def main(argv=None) -> int:
@@ -150,6 +161,8 @@ def main(argv=None) -> int:
     from rift_ada.costs import CostModel, measure_costs
     from rift_ada.data import encode_prompts
     from rift_ada.envs import RefreshEnv
+    from rift_ada.envs.vec import RefreshEnvSpec
+    from rift_ada.oracle import oracle_schedule
     from rift_ada.evaluate import evaluate
     from rift_ada.layout import CacheLayout
     from rift_ada.models import load_pair
@@ -239,14 +252,22 @@ def main(argv=None) -> int:
     train = {"ppo": (train_ppo, export_ppo, args.ppo_timesteps), "dqn": (train_dqn, export_dqn, args.dqn_timesteps)}
 
     def learn(learner, lam, name):
-        env_fns = [lambda i=i: RefreshEnv(make_decoder(seed=i), train_ids, args.max_new_tokens, lam=lam,
-                                          refresh_cost=args.refresh_cost, reward=args.reward, costs=costs)
-                   for i in range(2)]
+        if args.vec_env == "subproc":  # each worker loads the pair itself: a spec, not a closure over the models
+            env_fns = [RefreshEnvSpec(tuple(map(tuple, train_ids)), layout, args.target, args.drafter, args.device,
+                                      args.dtype, args.draft_length, args.temperature, args.top_p, seed=i,
+                                      max_new_tokens=args.max_new_tokens, lam=lam, refresh_cost=args.refresh_cost,
+                                      reward=args.reward, costs=costs, threads=args.threads)
+                       for i in range(args.n_envs)]
+        else:
+            env_fns = [lambda i=i: RefreshEnv(make_decoder(seed=i), train_ids, args.max_new_tokens, lam=lam,
+                                              refresh_cost=args.refresh_cost, reward=args.reward, costs=costs)
+                       for i in range(args.n_envs)]
         prefix = f"{learner}_lam{lam:g}"
         run.define_metric(f"{prefix}/*", step_metric=f"{prefix}/timesteps")
         fit_fn, export_fn, timesteps = train[learner]
         model, venv = fit_fn(env_fns, timesteps, seed=args.seed, logger=sb3_logger(run.log, prefix),
-                             progress=f"{learner.upper()} lambda={lam:g}")
+                             progress=f"{learner.upper()} lambda={lam:g}", subproc=args.vec_env == "subproc")
+        venv.close()
         atomic_write(state.path(f"{name}.pt"), export_fn(model, venv, lam).save)  # before the unit's JSON
         return {"lam": lam}
 
@@ -262,6 +283,8 @@ def main(argv=None) -> int:
     dec = make_decoder()
 
     def sweep_point(family, ctrl):
+        if family == "oracle":  # ctrl is the refresh price lambda
+            return oracle_point(ctrl)
         ev = evaluate(make_decoder(CacheLayout("full")) if family == "full" else dec, eval_ids, ctrl,
                       args.max_new_tokens)
         res = ev.summary
@@ -270,6 +293,15 @@ def main(argv=None) -> int:
                 "refreshes": res["refreshes"], "tokens": res["generated_tokens"],
                 "rounds": sum(len(r.rounds) for r in ev.results),
                 "drafted": sum(x.draft_length for r in ev.results for x in r.rounds)}
+
+    def oracle_point(lam):
+        res = [oracle_schedule(dec, ids, args.max_new_tokens, lam, args.oracle_block, args.oracle_beam)
+               for ids in tqdm(eval_ids, desc=f"oracle lambda={lam:g}", leave=False)]
+        tokens = sum(r.tokens for r in res)
+        return {"acceptance_length": float(np.mean([r.acceptance_length for r in res])),
+                "refreshes_per_1k": 1000 * sum(r.refreshes for r in res) / tokens,
+                "refreshes": sum(r.refreshes for r in res), "tokens": tokens, "rounds": sum(r.rounds for r in res),
+                "drafted": sum(r.drafted for r in res)}
 
     logistic = None if fit["weights"] is None else LogisticController(np.asarray(fit["weights"]), fit["bias"])
     entropy_levels = entropy_thresholds(data.X, args.entropy_quantiles)
@@ -281,7 +313,7 @@ def main(argv=None) -> int:
                    "entropy": EntropyController,
                    "logistic": lambda x: LogisticController(logistic.weights, logistic.bias, x),
                    "ppo": lambda lam: learned["ppo", lam], "dqn": lambda lam: learned["dqn", lam],
-                   "full": lambda _: None}
+                   "oracle": lambda lam: lam, "full": lambda _: None}
     points = []
     for name, family, knob in sweep:
         if family == "entropy":  # the unit is named by its quantile; the knob is the entropy level it gives
@@ -339,6 +371,7 @@ def sweep_units(args) -> list[tuple[str, str, object]]:
     knobs += [("threshold", x) for x in args.acc_thresholds] + [("entropy", q) for q in args.entropy_quantiles]
     knobs += [("logistic", x) for x in args.logistic_thresholds]
     knobs += [(learner, lam) for learner in args.learners.split(",") for lam in args.lams]
+    knobs += [("oracle", lam) for lam in args.oracle_lams]
     return [(f"sweep-{f}" + ("" if k == "-" else f"-q{k:g}" if f == "entropy" else f"-{k:g}"), f, k)
             for f, k in knobs]
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-LEARNED = ("threshold", "entropy", "logistic", "ppo", "dqn")  # compared with periodic refresh
+# Compared with periodic refresh: the rules, the learned controllers, and the hindsight oracle (rift_ada/oracle.py).
+LEARNED = ("threshold", "entropy", "logistic", "ppo", "dqn", "oracle")
 
 
 def periodic_envelope(rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:

@@ -113,3 +113,43 @@ def test_time_reward_charges_the_refresh_time():
         RefreshEnv(reward="time", **env_kw())
     with pytest.raises(ValueError, match="reward must be one of tokens, time"):
         RefreshEnv(reward="seconds", **env_kw())
+
+
+def _step_all(venv, n_steps: int):
+    """Obs, rewards and dones of ``n_steps`` vector steps, refreshing every 3rd round of each env."""
+    venv.seed(7)
+    out = [venv.reset()]
+    rounds = np.zeros(venv.num_envs, dtype=int)
+    for _ in range(n_steps):
+        obs, rew, done, _ = venv.step((rounds % 3 == 0).astype(int))
+        rounds = np.where(done, 0, rounds + 1)
+        out += [obs, rew, done]
+    venv.close()
+    return out
+
+
+@pytest.mark.slow
+def test_subprocess_envs_step_like_one_process():
+    """Two RefreshEnvSpec envs in worker processes (each loads its own testbed pair) give the same observations,
+    rewards and episode ends as the same specs stepped in this process, episode boundaries included."""
+    from rift_ada.envs.vec import RefreshEnvSpec, make_vec_env
+    from rift_ada.layout import CacheLayout
+    from tests.conftest import _train_prompts
+
+    prompts = tuple(tuple(p) for p in _train_prompts(2, 1024))
+    specs = [RefreshEnvSpec(prompts, CacheLayout("rift", 128), drafter="testbed", seed=i, max_new_tokens=24,
+                            reward="time", costs=COSTS) for i in range(2)]
+    one = _step_all(make_vec_env(specs), 12)  # 24 tokens: episodes end within 12 rounds, and restart
+    sub = _step_all(make_vec_env(specs, subproc=True), 12)
+    assert any(d.any() for d in one[3::3]), "no episode ended: the check would not cover resets"
+    for a, b in zip(one, sub):  # DummyVecEnv keeps rewards in float32, SubprocVecEnv in float64
+        np.testing.assert_array_equal(np.asarray(a, a.dtype), np.asarray(b, a.dtype))
+
+
+def test_subprocess_envs_need_specs():
+    from rift_ada.envs.vec import make_vec_env
+
+    with pytest.raises(ValueError, match="RefreshEnvSpec"):
+        make_vec_env([lambda: RefreshEnv(**env_kw(max_new_tokens=MAX_NEW))], subproc=True)
+    with pytest.raises(ValueError, match="at least one"):
+        make_vec_env([])

@@ -16,7 +16,7 @@ def test_main_job_small_run_writes_wandb_offline_table_and_outputs(tmp_path):
             "--max-new-tokens", "64", "--ppo-timesteps", "256", "--lams", "0.5", "--periods", "16", "32",
             "--acc-thresholds", "0.5", "--logistic-thresholds", "0.5", "--horizon", "3", "--label-every", "1",
             "--label-margin", "0", "--entropy-quantiles", "0.5", "--learners", "ppo,dqn", "--dqn-timesteps", "128",
-            "--reward", "time", "--output-dir", str(out)]
+            "--reward", "time", "--oracle-lams", "2", "--output-dir", str(out)]
     res = subprocess.run([sys.executable, str(SCRIPT), *args], env=ENV, capture_output=True, text=True, timeout=900,
                          cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -24,8 +24,10 @@ def test_main_job_small_run_writes_wandb_offline_table_and_outputs(tmp_path):
     rows = list(csv.DictReader((out / "tradeoff.csv").open()))
     metrics = json.loads((out / "metrics.json").read_text())
     both_classes = 0 < metrics["counterfactual"]["positive_rate"] < 1
-    assert {r["family"] for r in rows} == {"never", "periodic", "threshold", "entropy", "ppo", "dqn"} | (
+    assert {r["family"] for r in rows} == {"never", "periodic", "threshold", "entropy", "ppo", "dqn", "oracle"} | (
         {"logistic"} if both_classes else set())
+    oracle = next(r for r in rows if r["family"] == "oracle")
+    assert float(oracle["knob"]) == 2 and oracle["al_gain"] != "", "the oracle is compared with periodic too"
     assert all(float(r["acceptance_length"]) >= 1.0 for r in rows)
     entropy = next(r for r in rows if r["family"] == "entropy")
     assert 0 <= float(entropy["knob"]) <= 1 and entropy["al_gain"] != "", "compared with periodic like the others"

@@ -21,13 +21,13 @@ def dqn_timesteps(timesteps: int, n_envs: int, train_freq: int = 1) -> int:
 
 def train_dqn(env_fns, timesteps: int, seed: int = 0, callback=None, net_arch=(32, 32), learning_rate: float = 5e-4,
               learning_starts: int = 100, target_update_interval: int = 256, exploration_fraction: float = 0.3,
-              train_freq: int = 1, logger=None, progress: str | None = None):
+              train_freq: int = 1, logger=None, progress: str | None = None, subproc: bool = False):
     """Train DQN on ``env_fns`` (thunks making RefreshEnvs), with a progress bar titled ``progress`` if given.
     Returns (model, vec_normalize). Settings are for short runs (a few thousand rounds): the target network follows
     every 256 steps (SB3's default, 10,000, would never update), epsilon falls from 1 to 0.05 over the first 30%."""
     from stable_baselines3 import DQN
 
-    venv = make_vec_env(env_fns)
+    venv = make_vec_env(env_fns, subproc=subproc)
     venv.seed(seed)
     model = DQN("MlpPolicy", venv, learning_rate=learning_rate, buffer_size=max(timesteps, 1024),
                 learning_starts=learning_starts, batch_size=64, gamma=0.99, train_freq=train_freq, gradient_steps=1,

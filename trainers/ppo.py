@@ -8,11 +8,14 @@ import torch
 from rift_ada.refresh.mlp import MLPController, PPOController, build_mlp
 
 
-def make_vec_env(env_fns, norm_reward: bool = True):
-    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+def make_vec_env(env_fns, norm_reward: bool = True, subproc: bool = False):
+    """The envs (``rift_ada.envs.vec.make_vec_env``: in this process, or one worker each with ``subproc``) under
+    VecNormalize (observations and rewards)."""
+    from stable_baselines3.common.vec_env import VecNormalize
 
-    # One process: each step runs a model forward, and on 2 cores subprocesses only add copies of the models.
-    return VecNormalize(DummyVecEnv(env_fns), norm_obs=True, norm_reward=norm_reward, clip_obs=10.0)
+    from rift_ada.envs.vec import make_vec_env as vec_env
+
+    return VecNormalize(vec_env(env_fns, subproc=subproc), norm_obs=True, norm_reward=norm_reward, clip_obs=10.0)
 
 
 def rollout_timesteps(timesteps: int, n_envs: int, n_steps: int = 128) -> int:
@@ -41,12 +44,14 @@ def progress_callback(total: int, desc: str):
 
 
 def train_ppo(env_fns, timesteps: int, seed: int = 0, callback=None, net_arch=(32, 32), n_steps: int = 128,
-              learning_rate: float = 3e-4, ent_coef: float = 0.01, logger=None, progress: str | None = None):
-    """Train PPO on ``env_fns`` (thunks making RefreshEnvs), with a progress bar titled ``progress`` if given.
-    Returns (model, vec_normalize). Deterministic given ``seed`` (SB3 seeds python, numpy, torch and the envs)."""
+              learning_rate: float = 3e-4, ent_coef: float = 0.01, logger=None, progress: str | None = None,
+              subproc: bool = False):
+    """Train PPO on ``env_fns`` (thunks making RefreshEnvs; RefreshEnvSpecs with ``subproc``), with a progress bar
+    titled ``progress`` if given. Returns (model, vec_normalize). Deterministic given ``seed`` (SB3 seeds python,
+    numpy, torch and the envs), in one process or several."""
     from stable_baselines3 import PPO
 
-    venv = make_vec_env(env_fns)
+    venv = make_vec_env(env_fns, subproc=subproc)
     venv.seed(seed)
     model = PPO("MlpPolicy", venv, n_steps=n_steps, batch_size=64, n_epochs=10, learning_rate=learning_rate,
                 gamma=0.99, ent_coef=ent_coef, seed=seed, device="cpu", verbose=0,

@@ -1,0 +1,96 @@
+"""Environment steps per second of the refresh environment, one process against one worker process per env.
+
+    python experiments/bench_env.py                         # testbed, 1K-token low prompts, 1 / 2 / 4 envs
+    python experiments/bench_env.py --envs 2 --vec subproc --steps 400
+
+One environment step is one speculation round (drafting k tokens, one target verify, a refresh when the action says
+so). Every configuration steps the same envs (RefreshEnvSpec, seeds 0..n-1) with the same action rule (refresh
+every --refresh-every-th round of each env), so they decode the same tokens; the clock starts after the first
+reset (model loading and worker start-up are reported apart). Printed as a markdown table; --output writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from rift_ada.cli import (ArgumentParser, add_cache_options, add_model_options, add_runtime_options,
+                          add_task_options, apply_runtime, check_output, fail, policy_from_args, require_positive,
+                          tasks_from_args, write_output)
+
+
+def bench(specs, subproc: bool, steps: int, refresh_every: int) -> dict:
+    """Step ``specs`` as one VecEnv until ``steps`` env steps in all; steps/s after the first reset."""
+    import numpy as np
+
+    from rift_ada.envs.vec import make_vec_env
+
+    t0 = time.perf_counter()
+    venv = make_vec_env(specs, subproc=subproc)
+    venv.seed(0)
+    venv.reset()
+    startup = time.perf_counter() - t0
+    n, done_steps, rounds = venv.num_envs, 0, np.zeros(venv.num_envs, dtype=int)
+    t0 = time.perf_counter()
+    while done_steps < steps:
+        actions = (rounds % refresh_every == 0).astype(int)
+        _, _, dones, _ = venv.step(actions)
+        rounds = np.where(dones, 0, rounds + 1)
+        done_steps += n
+    seconds = time.perf_counter() - t0
+    venv.close()
+    return {"envs": n, "vec": "subproc" if subproc else "dummy", "env_steps": done_steps, "seconds": seconds,
+            "steps_per_second": done_steps / seconds, "startup_seconds": startup}
+
+
+def main(argv=None) -> int:
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_options(p, drafter="testbed")
+    add_cache_options(p, policy=None, budget=256)
+    p.add_argument("--draft-length", type=int, default=11)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    add_task_options(p, prompts=4, input_tokens=1024, task="low")
+    p.add_argument("--envs", type=int, nargs="+", default=[1, 2, 4], help="numbers of envs to bench")
+    p.add_argument("--vec", nargs="+", default=["dummy", "subproc"], choices=["dummy", "subproc"])
+    p.add_argument("--steps", type=int, default=240, help="env steps per configuration (all envs together)")
+    p.add_argument("--refresh-every", type=int, default=8, help="each env refreshes every n-th round")
+    p.add_argument("--output", default=None, help="also write the rows here (JSON)")
+    add_runtime_options(p)
+    args = p.parse_args(argv)
+    require_positive(p, args, ("steps", "refresh_every", "draft_length", "max_new_tokens"))
+    if min(args.envs) < 1:
+        p.error("--envs must be >= 1")
+    try:
+        apply_runtime(args)
+        check_output(args.output)
+        layout = policy_from_args(args, "rift-ada", controller="never").layout
+        from rift_ada.data import encode_prompts
+        from rift_ada.envs.vec import RefreshEnvSpec, _pair
+
+        pair = _pair(args.target, args.drafter, args.device, args.dtype)
+        prompts = tuple(tuple(p) for p in encode_prompts(pair.tokenizer, tasks_from_args(args, pair.tokenizer)))
+        rows = []
+        for vec in args.vec:
+            for n in args.envs:
+                specs = [RefreshEnvSpec(prompts, layout, args.target, args.drafter, args.device, args.dtype,
+                                        args.draft_length, args.temperature, seed=i,
+                                        max_new_tokens=args.max_new_tokens, threads=args.threads) for i in range(n)]
+                rows.append(bench(specs, vec == "subproc", args.steps, args.refresh_every))
+                r = rows[-1]
+                print(f"{vec} x{n}: {r['steps_per_second']:.1f} env steps/s", file=sys.stderr)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        return fail(e)
+    base = rows[0]["steps_per_second"]
+    print(f"| vec env | envs | env steps/s | vs {rows[0]['vec']} x{rows[0]['envs']} | start-up s |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['vec']} | {r['envs']} | {r['steps_per_second']:.1f} | {r['steps_per_second'] / base:.2f}x | "
+              f"{r['startup_seconds']:.1f} |")
+    write_output(args.output, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -108,6 +108,13 @@ def parse_args(argv=None):
                    help="continue the run in --output-dir from its last finished unit (same options required)")
     r.add_argument("--overwrite", action="store_true",
                    help="delete a previous run's state and results in --output-dir first (its W&B logs stay)")
+    o.add_argument("--preset", default="cpu", choices=sorted(PRESETS),
+                   help="defaults for a setting, each overridable by its own option: cpu (this CPU, the testbed, "
+                        "minutes) or paper (32K-token prompts, 4K new tokens, 8K budget, k = 11, T = 1, periods up to "
+                        "4K: for a GPU and a real --target / --drafter pair)")
+    preset, _ = p.parse_known_args(argv)
+    if preset.preset in PRESETS:  # an unknown one is refused by the full parse below
+        p.set_defaults(**PRESETS[preset.preset])
     args = p.parse_args(argv)
     require_positive(p, args, ("budget", "max_new_tokens", "train_prompts", "eval_prompts", "horizon",
                                "ppo_timesteps", "dqn_timesteps", "draft_length", "label_every", "threads", "n_envs",
@@ -126,6 +133,13 @@ def parse_args(argv=None):
 
 
 LEARNERS = ("ppo", "dqn")  # stable-baselines3 learners, each trained once per lambda
+
+# Defaults per setting (an option given on the command line wins). "paper": the RIFT paper's RIFT-ada setting.
+PRESETS = {
+    "cpu": {},
+    "paper": {"input_tokens": 32768, "max_new_tokens": 4096, "budget": 8192, "draft_length": 11, "temperature": 1.0,
+              "task": "low,sort", "periods": [64, 128, 256, 512, 1024, 2048, 4096]},
+}
 
 
 # Files of a finished run (refused or deleted as "a previous run"), and options that do not change its results.
@@ -168,6 +182,7 @@ def main(argv=None) -> int:
     from rift_ada.models import load_pair
     from rift_ada.refresh.mlp import MLP_KINDS
     from rift_ada.speculative import SpeculativeDecoder
+    from rift_ada.testbed.check import check_fits
     from rift_ada.trainers import counterfactual
     from rift_ada.trainers.dqn import export_dqn, train_dqn
     from rift_ada.trainers.ppo import export_ppo, train_ppo
@@ -176,6 +191,8 @@ def main(argv=None) -> int:
     try:
         pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype,
                          device_map=args.device_map)
+        for model in (pair.target, pair.draft):  # before building prompts (32K-token ones take a while)
+            check_fits(model, args.input_tokens + args.max_new_tokens, "--input-tokens + --max-new-tokens")
         enc = lambda tasks: encode_prompts(pair.tokenizer, tasks)  # noqa: E731
         bar = tqdm(total=2 * len(families(args.task)), desc="building prompts")
         train_tasks = mixed_tasks(pair.tokenizer, args.task, args.train_prompts, args.input_tokens, args.seed + 1,

@@ -99,7 +99,7 @@ def test_jsonl_roundtrip_and_errors(tmp_path, tokenizer):
         load_jsonl(tmp_path / "noref.jsonl", require_reference=True)
 
 
-@pytest.mark.parametrize("input_tokens", [1024, 2048, 4096])
+@pytest.mark.parametrize("input_tokens", [1024, 2048, 4096, 32768])  # 32K: the paper's setting (--preset paper)
 def test_sort_tasks_reorder_labelled_passages(tokenizer, input_tokens):
     from rift_ada.data.tasks import ORDER_LINE, PASSAGE_HEADER
 

@@ -62,3 +62,21 @@ def test_help_and_bad_values():
                          env=ENV)
     assert res.returncode == 2 and "--learners: a2c" in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
+
+
+def test_paper_preset_sets_the_paper_setting_and_the_testbed_refuses_it(tmp_path):
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import train_controller
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    paper = train_controller.parse_args(["--preset", "paper", "--budget", "4096"])  # an explicit option wins
+    assert (paper.input_tokens, paper.max_new_tokens, paper.budget, paper.draft_length, paper.temperature) == \
+        (32768, 4096, 4096, 11, 1.0)
+    assert "sort" in paper.task and max(paper.periods) == 4096
+    cpu = train_controller.parse_args([])
+    assert (cpu.input_tokens, cpu.max_new_tokens, cpu.temperature) == (2048, 256, 0.0)
+    res = subprocess.run([sys.executable, str(SCRIPT), "--preset", "paper", "--output-dir", str(tmp_path / "p")],
+                         capture_output=True, text=True, env=ENV, timeout=300)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith("error: --input-tokens + --max-new-tokens needs 36864")

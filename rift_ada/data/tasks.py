@@ -33,7 +33,9 @@ FILE_HEADER = "# file: {name}\n"
 MARKERS = {"low": "# copy of: {name}\n", "mixed": "# continued: {name}\n", "high": "# file: {name}\n"}
 HEAD_LINES = 6  # opening lines shown after the marker
 MIN_HEAD_TOKENS = 16
-MIN_PASSAGE_TOKENS, MAX_PASSAGE_TOKENS = 24, 600  # sort: passages outside this range are skipped
+# sort: passages outside this range are skipped; prompts longer than 12 x 600 tokens allow passages of up to
+# input_tokens / 12, so that 26 labelled passages can fill them (32K-token prompts: 819-2,730 tokens each).
+MIN_PASSAGE_TOKENS, MAX_PASSAGE_TOKENS = 24, 600
 MIN_CHUNK_TOKENS = 64  # a distractor smaller than this is not worth a header
 PASSAGE_HEADER = "# passage {label}\n"
 ORDER_LINE = "# order: {order}\n"
@@ -68,9 +70,10 @@ class _LineTokens:
     def count(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def passages(self, f: SourceFile) -> list[tuple[str, int]]:
-        """Top-level functions and classes of ``f`` (with decorators) as (text, tokens); methods of long classes."""
-        if f.name not in self._passages:
+    def passages(self, f: SourceFile, cap: int = MAX_PASSAGE_TOKENS) -> list[tuple[str, int]]:
+        """Top-level functions and classes of ``f`` (with decorators) as (text, tokens), at most ``cap`` tokens;
+        methods of longer classes."""
+        if (f.name, cap) not in self._passages:
             lines, counts = self(f)
             try:
                 tree = ast.parse(f.text)
@@ -85,12 +88,12 @@ class _LineTokens:
                 start = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
                 end = node.end_lineno or node.lineno
                 size = sum(counts[start:end])
-                if size > MAX_PASSAGE_TOKENS and isinstance(node, ast.ClassDef):
+                if size > cap and isinstance(node, ast.ClassDef):
                     nodes[:0] = node.body  # a long class: its methods are passages of their own
-                elif MIN_PASSAGE_TOKENS <= size <= MAX_PASSAGE_TOKENS:
+                elif MIN_PASSAGE_TOKENS <= size <= cap:
                     out.append(("".join(lines[start:end]), size))
-            self._passages[f.name] = out
-        return self._passages[f.name]
+            self._passages[f.name, cap] = out
+        return self._passages[f.name, cap]
 
 
 def _take(lines: list[str], counts: list[int], start: int, budget: int) -> tuple[str, int, int]:
@@ -153,8 +156,9 @@ def _build_sort(lt: _LineTokens, files, family, i, input_tokens, reference_token
     """Labelled passages filling ``input_tokens``, an order line, and the passages again in that order."""
     rng = random.Random(f"rift-ada/{seed}/{family}/{input_tokens}/{i}")
     # Passages large enough that 26 labels fill the prompt, small enough that several fit.
+    cap = max(MAX_PASSAGE_TOKENS, input_tokens // 12)
     lo = max(MIN_PASSAGE_TOKENS, input_tokens // 40)
-    hi = max(lo, min(MAX_PASSAGE_TOKENS, input_tokens // 4))
+    hi = max(lo, min(cap, input_tokens // 4))
     budget = input_tokens - lt.count(ORDER_LINE.format(order=", ".join(LABELS)))
     chosen: list[tuple[str, str]] = []  # (file name, passage text)
     seen = set()
@@ -162,7 +166,7 @@ def _build_sort(lt: _LineTokens, files, family, i, input_tokens, reference_token
         if len(chosen) == len(LABELS) or budget < lo + 8:
             break
         f = files[rng.randrange(len(files))]
-        options = [p for p in lt.passages(f) if lo <= p[1] <= min(hi, budget - 8) and (f.name, p[0]) not in seen]
+        options = [p for p in lt.passages(f, cap) if lo <= p[1] <= min(hi, budget - 8) and (f.name, p[0]) not in seen]
         if not options:
             continue
         text, size = options[rng.randrange(len(options))]

@@ -2,6 +2,7 @@
 offline)."""
 
 import json
+import re
 
 import pytest
 
@@ -41,7 +42,9 @@ def test_a_resumed_wandb_run_keeps_its_id_and_counts_steps_on(tmp_path):
     assert second.id == first.id and second.resumed and not first.resumed
     assert json.loads((tmp_path / "wandb.json").read_text()) == {"id": first.id, "step": 3}
     folders = sorted((tmp_path / "wandb").glob("offline-run-*"))
-    assert [f.name.rsplit("-", 1)[1] for f in folders] == [first.id] * 2
+    # offline-run-<date>_<time>-<id>; wandb appends -1 to the second folder when both sessions start in the same second
+    ids = [re.fullmatch(r"offline-run-\d{8}_\d{6}-([0-9a-z]+)(-\d+)?", f.name) for f in folders]
+    assert all(ids) and [m.group(1) for m in ids] == [first.id] * 2, [f.name for f in folders]
     assert all((f / f"run-{first.id}.wandb").is_file() for f in folders)
 
 

@@ -56,7 +56,7 @@ from typing import Callable
 
 from rift_ada import distributed
 from rift_ada.cli import (ArgumentParser, add_cache_options, add_decoding_options, add_model_options,
-                          add_runtime_options, add_task_options, apply_runtime, fail, policy_from_args,
+                          add_runtime_options, add_task_options, apply_runtime, fail_in_group, policy_from_args,
                           require_positive, tasks_from_args)
 
 HERE = Path(__file__).resolve().parent
@@ -616,89 +616,86 @@ def main(argv=None) -> int:
             args = parse_args(argv)
     out, run, t_start = Path(args.output_dir), None, time.time()
     try:
-        apply_runtime(args)
-        args.device = distributed.local_device(args.device)
-        distributed.init(args.device)
-        # options and small files first: bad input fails before models load
-        from rift_ada.refresh import parse_controller
+        with distributed.leaving():
+            apply_runtime(args)
+            args.device = distributed.local_device(args.device)
+            distributed.init(args.device)
+            # options and small files first: bad input fails before models load
+            from rift_ada.refresh import parse_controller
 
-        for spec in args.controllers:
-            parse_controller(spec)
-        if args.adapter:
-            from rift_ada.lora import check_adapter
+            for spec in args.controllers:
+                parse_controller(spec)
+            if args.adapter:
+                from rift_ada.lora import check_adapter
 
-            check_adapter(args.adapter)
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"--output-dir {str(out)!r} is a file")
-        if not (args.data or args.speedbench):  # built tasks: the input size is known before the models load
-            size = args.input_tokens
-            Bench(args, None, {}, {}, size, args.budget or default_budget(size)).check()
-        if distributed.is_main():
-            out.mkdir(parents=True, exist_ok=True)
-        if not distributed.is_main():
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.disable_progress_bar()
-        from rift_ada.costs import measure_costs
-        from rift_ada.lora import load_drafter
-        from rift_ada.models import load_pair
-        from rift_ada.speculative import SpeculativeDecoder
-
-        pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype, device_map=args.device_map)
-        sets, size = prompt_sets(args, pair.tokenizer)
-        check_positions(pair, sets, args)
-        budget = args.budget or default_budget(size)
-        draft = None if pair.self_speculative else pair.draft
-        b = Bench(args, pair, {"untrained": draft}, sets, size, budget)
-        b.check()
-
-        # The trained draft: given, or trained by rank 0 while the other processes wait.
-        adapter, error = args.adapter, None
-        if adapter is None and distributed.is_main():
-            try:
-                adapter = str(train_adapter(args, out / "compressibility"))
-            except (ValueError, FileNotFoundError, RuntimeError) as e:
-                error = str(e)
-        if args.adapter is None:  # every process meets here (a collective): rank 0 says how training went
-            adapter, error = distributed.gather([(0, (adapter, error))] if distributed.is_main() else [])[0]
-            if error:
-                raise RuntimeError(error)
-        b.drafts["trained"] = load_drafter(pair.draft, adapter)
-
-        if distributed.is_main():
-            from rift_ada.trainers.wandb_logging import ResumableRun
-
-            id_file = out / "wandb_run.json"
-            id_file.unlink(missing_ok=True)  # a new W&B run for every invocation
-            run = ResumableRun(id_file, project=args.wandb_project, mode=args.wandb_mode, dir=str(out),
-                               config=vars(args), job_type="reproduce_figures")
-            b.costs = measure_costs(SpeculativeDecoder(pair.target, draft, b.policy("rift-dyn").layout,
-                                                       args.draft_length, eos_token_id=pair.tokenizer.eos_token_id,
-                                                       seed=args.seed),
-                                    sets["main"][0], max(128, args.max_new_tokens))
-
-        figs = []
-        for make in (figure_1, figure_2, figure_3, figure_4, lambda b: figure_5(b, figs[1])):
-            t0 = time.time()
-            fig = make(b)
-            fig.seconds = time.time() - t0
-            figs.append(fig)
+                check_adapter(args.adapter)
+            if out.exists() and not out.is_dir():
+                raise ValueError(f"--output-dir {str(out)!r} is a file")
+            if not (args.data or args.speedbench):  # built tasks: the input size is known before the models load
+                size = args.input_tokens
+                Bench(args, None, {}, {}, size, args.budget or default_budget(size)).check()
             if distributed.is_main():
-                publish(fig, out, run)
-        total = time.time() - t_start
-        if distributed.is_main():
-            write_summary(out, figs, b, adapter, total)
-            run.summary["total_seconds"] = total
-            run.finish()
+                out.mkdir(parents=True, exist_ok=True)
+            if not distributed.is_main():
+                from transformers.utils import logging as hf_logging
+
+                hf_logging.disable_progress_bar()
+            from rift_ada.costs import measure_costs
+            from rift_ada.lora import load_drafter
+            from rift_ada.models import load_pair
+            from rift_ada.speculative import SpeculativeDecoder
+
+            pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype,
+                             device_map=args.device_map)
+            sets, size = prompt_sets(args, pair.tokenizer)
+            check_positions(pair, sets, args)
+            budget = args.budget or default_budget(size)
+            draft = None if pair.self_speculative else pair.draft
+            b = Bench(args, pair, {"untrained": draft}, sets, size, budget)
+            b.check()
+
+            # The trained draft: given, or trained by rank 0 while the other processes wait.
+            adapter, error = args.adapter, None
+            if adapter is None and distributed.is_main():
+                try:
+                    adapter = str(train_adapter(args, out / "compressibility"))
+                except (ValueError, FileNotFoundError, RuntimeError) as e:
+                    error = str(e)
+            if args.adapter is None:  # every process meets here (a collective): rank 0 says how training went
+                adapter, error = distributed.gather([(0, (adapter, error))] if distributed.is_main() else [])[0]
+                if error:
+                    raise RuntimeError(error)
+            b.drafts["trained"] = load_drafter(pair.draft, adapter)
+
+            if distributed.is_main():
+                from rift_ada.trainers.wandb_logging import ResumableRun
+
+                id_file = out / "wandb_run.json"
+                id_file.unlink(missing_ok=True)  # a new W&B run for every invocation
+                run = ResumableRun(id_file, project=args.wandb_project, mode=args.wandb_mode, dir=str(out),
+                                   config=vars(args), job_type="reproduce_figures")
+                b.costs = measure_costs(SpeculativeDecoder(pair.target, draft, b.policy("rift-dyn").layout,
+                                                           args.draft_length, eos_token_id=pair.tokenizer.eos_token_id,
+                                                           seed=args.seed),
+                                        sets["main"][0], max(128, args.max_new_tokens))
+
+            figs = []
+            for make in (figure_1, figure_2, figure_3, figure_4, lambda b: figure_5(b, figs[1])):
+                t0 = time.time()
+                fig = make(b)
+                fig.seconds = time.time() - t0
+                figs.append(fig)
+                if distributed.is_main():
+                    publish(fig, out, run)
+            total = time.time() - t_start
+            if distributed.is_main():
+                write_summary(out, figs, b, adapter, total)
+                run.summary["total_seconds"] = total
+                run.finish()
     except (ValueError, FileNotFoundError, RuntimeError) as e:  # ModelLoadError is a RuntimeError
-        distributed.destroy(meet=False)
         if run is not None:
             run.run.finish(exit_code=2)
-        return fail(e) if distributed.is_main() or isinstance(e, distributed.RankError) else 2
-    except BaseException:
-        distributed.destroy(meet=False)
-        raise
-    distributed.destroy()
+        return fail_in_group(e)
     if distributed.is_main():
         print((out / "summary.md").read_text())
         print(f"wrote {out} in {total / 60:.1f} min", file=sys.stderr)

@@ -40,7 +40,8 @@ import torch
 from tqdm.auto import tqdm
 
 from rift_ada import distributed
-from rift_ada.cli import ArgumentParser, add_model_options, add_runtime_options, apply_runtime, fail, require_positive
+from rift_ada.cli import (ArgumentParser, add_model_options, add_runtime_options, apply_runtime, fail_in_group,
+                          require_positive)
 
 
 def parse_args(argv=None):
@@ -108,31 +109,25 @@ EVAL_OPTIONS = ("eval_prompts", "eval_new_tokens", "budgets", "temperatures", "d
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        apply_runtime(args)
-        # Under torchrun: this process's device (cuda -> cuda:LOCAL_RANK) and the process group; no-ops otherwise.
-        # (args.device stays as given: it is part of the run's settings, which a resume compares.)
-        device = distributed.local_device(args.device)
-        world = distributed.init(device)
-        if args.grad_accum % world:
-            raise ValueError(f"--grad-accum {args.grad_accum} (samples per optimizer step, the global batch) is not a "
-                             f"multiple of the {world} torchrun processes: use a multiple of {world}")
-        if not distributed.is_main():  # rank 0 alone prints: the others' library progress bars and warnings too
-            import warnings
+        with distributed.leaving():
+            apply_runtime(args)
+            # Under torchrun: this process's device (cuda -> cuda:LOCAL_RANK) and the process group; no-ops otherwise.
+            # (args.device stays as given: it is part of the run's settings, which a resume compares.)
+            device = distributed.local_device(args.device)
+            world = distributed.init(device)
+            if args.grad_accum % world:
+                raise ValueError(f"--grad-accum {args.grad_accum} (samples per optimizer step, the global batch) is "
+                                 f"not a multiple of the {world} torchrun processes: use a multiple of {world}")
+            if not distributed.is_main():  # rank 0 alone prints: the others' library progress bars and warnings too
+                import warnings
 
-            from transformers.utils import logging as hf_logging
+                from transformers.utils import logging as hf_logging
 
-            hf_logging.disable_progress_bar()
-            warnings.simplefilter("ignore")
-        code = _main(args, device)
+                hf_logging.disable_progress_bar()
+                warnings.simplefilter("ignore")
+            code = _main(args, device)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
-        distributed.destroy(meet=False)
-        # Every process runs the same setup and meets the same bad input: rank 0 reports it. An error on one
-        # process's own share (RankError) is reported by that process.
-        return fail(e) if distributed.is_main() or isinstance(e, distributed.RankError) else 2
-    except BaseException:
-        distributed.destroy(meet=False)
-        raise
-    distributed.destroy()
+        return fail_in_group(e)
     return code
 
 

@@ -195,6 +195,15 @@ def write_output(path: str | None, obj) -> None:
         Path(path).write_text(json.dumps(obj, indent=1))
 
 
+def fail_in_group(err: BaseException) -> int:
+    """:func:`fail` under torchrun: every process runs the same setup and meets the same bad input, so rank 0 alone
+    reports it; an error on one process's own share (``distributed.RankError``) is reported by that process. The
+    others exit 2 silently."""
+    from . import distributed
+
+    return fail(err) if distributed.is_main() or isinstance(err, distributed.RankError) else 2
+
+
 def fail(err: BaseException) -> int:
     """Print a one-line error (no traceback for bad input) and return the exit code, 2."""
     print("error: " + " ".join(str(err).split()), file=sys.stderr)  # some library messages span several lines

@@ -107,6 +107,18 @@ def destroy(meet: bool = True) -> None:
     dist.destroy_process_group()
 
 
+@contextmanager
+def leaving():
+    """Around a job's body: :func:`destroy` on the way out, meeting the other processes when the body ended normally
+    and not when it raised (a process failing alone must not wait for peers stuck in a collective)."""
+    try:
+        yield
+    except BaseException:
+        destroy(meet=False)
+        raise
+    destroy()
+
+
 def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 

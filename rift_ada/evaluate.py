@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from . import distributed
 from .cli import (ArgumentParser, add_cache_options, add_decoding_options, add_model_options, add_runtime_options,
-                  add_task_options, apply_runtime, fail, policy_from_args, tasks_from_args)
+                  add_task_options, apply_runtime, fail_in_group, policy_from_args, tasks_from_args)
 from .metrics import acceptance_length, summarize
 
 if TYPE_CHECKING:  # imported when used: bad options fail before torch and transformers load
@@ -141,24 +141,18 @@ def main(argv=None) -> int:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             args = build_parser().parse_args(argv)
     try:
-        apply_runtime(args)
-        # Under torchrun: this process's device (cuda -> cuda:LOCAL_RANK) and the process group; no-ops otherwise.
-        args.device = distributed.local_device(args.device)
-        distributed.init(args.device)
-        if args.json or not distributed.is_main():
-            from transformers.utils import logging as hf_logging
+        with distributed.leaving():
+            apply_runtime(args)
+            # Under torchrun: this process's device (cuda -> cuda:LOCAL_RANK) and the process group; no-ops otherwise.
+            args.device = distributed.local_device(args.device)
+            distributed.init(args.device)
+            if args.json or not distributed.is_main():
+                from transformers.utils import logging as hf_logging
 
-            hf_logging.disable_progress_bar()
-        out = run(args)
+                hf_logging.disable_progress_bar()
+            out = run(args)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
-        distributed.destroy(meet=False)
-        # Every process runs the same setup and meets the same bad input: rank 0 reports it. An error on one
-        # process's own shard (RankError) is reported by that process.
-        return fail(e) if distributed.is_main() or isinstance(e, distributed.RankError) else 2
-    except BaseException:
-        distributed.destroy(meet=False)
-        raise
-    distributed.destroy()
+        return fail_in_group(e)
     if not distributed.is_main():
         return 0
     if args.json:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 
 import torch
 
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
         tok.save_pretrained(args.save)
     tasks = build_tasks(tok, "low", n=args.prompts, input_tokens=args.input_tokens, seed=0)
     windows = code_windows(tok, load_corpus(split="eval"), args.code_windows, 1024)
-    result = {"lm": args.lm, "circuit": circuit.__dict__, "input_tokens": args.input_tokens,
+    result = {"lm": args.lm, "circuit": asdict(circuit), "input_tokens": args.input_tokens,
               "new_tokens": args.new_tokens}
     for name, model in (("alone", lm), ("with_circuit", composite)):
         accs, firsts = [], []

@@ -31,7 +31,7 @@ exactly unit norm (the positional kernels need it); later reads vary with the tr
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -180,7 +180,7 @@ def compose(lm, circuit: CopyCircuit, calibration: list[list[int]], seed: int = 
         dst.mlp.down_proj.weight[:h] = src.mlp.down_proj.weight
         dst.input_layernorm.weight[:h] = src.input_layernorm.weight * shrink
         dst.post_attention_layernorm.weight[:h] = src.post_attention_layernorm.weight * shrink
-        # The circuit reads its unit vectors (stored at norm `scale`) back at unit norm.
+        # The circuit reads its unit vectors (stored at norm `a`) back at unit norm.
         dst.input_layernorm.weight[h:] = rms[li] * shrink / a
     model.model.norm.weight[:h] = lm.model.norm.weight * shrink
 
@@ -245,11 +245,4 @@ def compose(lm, circuit: CopyCircuit, calibration: list[list[int]], seed: int = 
     return model
 
 
-def describe(circuit: CopyCircuit, lm_config, seed: int) -> dict:
-    """What the training log and model card record about the circuit."""
-    return {"copy_circuit": asdict(circuit), "seed": seed, "trained_model": {
-        "hidden_size": lm_config.hidden_size, "head_dim": lm_config.head_dim, "layers": lm_config.num_hidden_layers,
-        "heads": lm_config.num_attention_heads, "kv_heads": lm_config.num_key_value_heads}}
-
-
-__all__ = ["CopyCircuit", "compose", "describe"]
+__all__ = ["CopyCircuit", "compose"]

@@ -1,10 +1,13 @@
-"""Measure the experimental copying circuit (rift_ada/testbed/circuit.py) beside a trained testbed model.
+"""Measure the experimental copying circuit (rift_ada/testbed/circuit.py) beside the trained testbed v2 models.
 
-    python experiments/circuit_probe.py                       # stage-8 target of the v2 build, defaults
-    python experiments/circuit_probe.py --boost 8 --self-weight 0.3 --save /tmp/composite
+    python experiments/circuit_probe.py                          # stage-8 target and draft, defaults (~5 min)
+    python experiments/circuit_probe.py --boost 10 --gate 0.5 0.8
+    python experiments/circuit_probe.py --save build/composite   # then measure the composed pair in full:
+    python -m rift_ada.testbed check --target build/composite/target --draft build/composite/draft --json
 
-Prints one JSON object: greedy copy accuracy (and each prompt's first wrong token) on held-out ``low`` prompts and
-teacher-forced top-1 / NLL on held-out plain code, for the trained model alone and with the circuit beside it.
+Prints one JSON object: for the target and the draft, alone and with the circuit beside them, greedy copy accuracy
+(and each prompt's first wrong token) on held-out ``low`` prompts and teacher-forced top-1 / NLL on held-out plain
+code. The draft's circuit has two windows of 8-dim codes: its head_dim of 48 leaves 48 non-turning dims.
 """
 
 from __future__ import annotations
@@ -12,22 +15,27 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
+from pathlib import Path
 
 import torch
+
+DRAFT_SHAPE = {"windows": ((4, 12), (12, 40)), "match_dim": 8}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--lm", default="build/testbed/stage-8/target", help="a trained Llama folder (tied embeddings)")
+    p.add_argument("--build", default="build/testbed/stage-8",
+                   help="a folder with trained 'target' and 'draft' Llamas (tied embeddings)")
     p.add_argument("--prompts", type=int, default=12)
     p.add_argument("--input-tokens", type=int, default=2048)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--code-windows", type=int, default=8)
+    p.add_argument("--source-dir", default=None, help="build the prompts and code windows from this code base")
     p.add_argument("--boost", type=float, default=None, help="CopyCircuit.boost (default: the dataclass's)")
-    p.add_argument("--self-weight", type=float, default=None, help="CopyCircuit.self_weight")
-    p.add_argument("--match-dim", type=int, default=None, help="CopyCircuit.match_dim")
-    p.add_argument("--save", default=None, help="write the composed model (and tokenizer) to this folder")
+    p.add_argument("--gate", type=float, nargs=2, default=None, metavar=("LO", "HI"), help="CopyCircuit.gate")
+    p.add_argument("--save", default=None, help="write the composed target and draft (and tokenizer) under this "
+                                                "folder, as DIR/target and DIR/draft")
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -40,40 +48,48 @@ def main(argv=None) -> int:
     from rift_ada.testbed.check import code_scores, code_windows, copy_accuracy
     from rift_ada.testbed.circuit import CopyCircuit, compose
 
-    try:
-        lm = LlamaForCausalLM.from_pretrained(args.lm).eval()
-    except OSError as e:
-        print(f"error: cannot load --lm {args.lm!r}: {e}", file=sys.stderr)
-        return 2
     tok = load_tokenizer("testbed")
-    overrides = {k: v for k, v in (("boost", args.boost), ("self_weight", args.self_weight),
-                                   ("match_dim", args.match_dim)) if v is not None}
-    circuit = CopyCircuit(**overrides)
-    calibration = code_windows(tok, load_corpus(split="train"), 4, 1024, seed=1)
+    overrides = {k: v for k, v in (("boost", args.boost), ("gate", tuple(args.gate) if args.gate else None))
+                 if v is not None}
+    missing = [role for role in ("target", "draft") if not (Path(args.build) / role / "config.json").is_file()]
+    if missing:
+        print(f"error: --build {args.build!r} has no trained {' or '.join(missing)} folder (expected "
+              f"{args.build}/target and {args.build}/draft, as experiments/build_testbed.py writes them)",
+              file=sys.stderr)
+        return 2
     try:
-        composite = compose(lm, circuit, calibration)
-    except ValueError as e:
+        lms = {role: LlamaForCausalLM.from_pretrained(Path(args.build) / role).eval() for role in ("target", "draft")}
+        circuits = {"target": CopyCircuit(**overrides), "draft": replace(CopyCircuit(**overrides), **DRAFT_SHAPE)}
+        calibration = code_windows(tok, load_corpus(split="train"), 4, 1024, seed=1)
+        composites = {role: compose(lms[role], circuits[role], calibration) for role in lms}
+        tasks = build_tasks(tok, "low", n=args.prompts, input_tokens=args.input_tokens, seed=0,
+                            source_dir=args.source_dir)
+        files = load_corpus(args.source_dir, "all") if args.source_dir else load_corpus(split="eval")
+    except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.save:
-        composite.save_pretrained(args.save)
-        tok.save_pretrained(args.save)
-    tasks = build_tasks(tok, "low", n=args.prompts, input_tokens=args.input_tokens, seed=0)
-    windows = code_windows(tok, load_corpus(split="eval"), args.code_windows, 1024)
-    result = {"lm": args.lm, "circuit": asdict(circuit), "input_tokens": args.input_tokens,
-              "new_tokens": args.new_tokens}
-    for name, model in (("alone", lm), ("with_circuit", composite)):
-        accs, firsts = [], []
-        for t in tasks:
-            prompt, ref = encode(tok, t.prompt), encode(tok, t.reference)
-            out = greedy_reference(model, prompt, args.new_tokens)
-            accs.append(copy_accuracy(out, ref, args.new_tokens))
-            firsts.append(next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), args.new_tokens))
-        code = code_scores(model, windows)
-        result[name] = {"copy_accuracy": round(sum(accs) / len(accs), 4), "first_error": firsts,
-                        "code_top1": round(code["top1"], 4), "code_nll": round(code["nll"], 4),
-                        "parameters": sum(q.numel() for q in model.parameters())}
-        print(name, result[name], file=sys.stderr)
+        for role, model in composites.items():
+            model.save_pretrained(Path(args.save) / role)
+            tok.save_pretrained(Path(args.save) / role)
+    windows = code_windows(tok, files, args.code_windows, 1024)
+    result = {"build": args.build, "input_tokens": args.input_tokens, "new_tokens": args.new_tokens,
+              "source_dir": args.source_dir}
+    for role in ("target", "draft"):
+        result[role] = {"circuit": asdict(circuits[role])}
+        for name, model in (("alone", lms[role]), ("with_circuit", composites[role])):
+            accs, firsts = [], []
+            for t in tasks:
+                prompt, ref = encode(tok, t.prompt), encode(tok, t.reference)
+                out = greedy_reference(model, prompt, args.new_tokens)
+                accs.append(copy_accuracy(out, ref, args.new_tokens))
+                firsts.append(next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), args.new_tokens))
+            code = code_scores(model, windows)
+            row = {"copy_accuracy": round(sum(accs) / len(accs), 4), "first_error": firsts,
+                   "code_top1": round(code["top1"], 4), "code_nll": round(code["nll"], 4),
+                   "parameters": sum(q.numel() for q in model.parameters())}
+            result[role][name] = row
+            print(role, name, row, file=sys.stderr)
     print(json.dumps(result))
     return 0
 

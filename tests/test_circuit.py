@@ -1,5 +1,6 @@
 """The experimental copying circuit: composed with a (random) Llama it leaves that model's predictions alone at
-boost 0, survives save / from_pretrained as a plain Llama, and copies a far repeat where the model alone does not."""
+boost 0 and, gated, wherever nothing repeats; it survives save / from_pretrained as a plain Llama and copies a far
+repeat where the model alone does not."""
 
 import pytest
 import torch
@@ -28,7 +29,7 @@ def _calibration():
     return [torch.randint(1, VOCAB, (256,), generator=g).tolist() for _ in range(2)]
 
 
-SPEC = dict(match_dim=16, out_dim=64)
+SPEC = dict(match_dim=9, out_dim=64)
 
 
 @torch.no_grad()
@@ -67,6 +68,21 @@ def test_the_circuit_copies_a_far_repeat(lm):
     assert copy_accuracy(first, reference, 10) == 1.0
 
 
+@torch.no_grad()
+def test_the_gate_stays_shut_on_novel_text(lm):
+    """Random tokens have short chance matches but no long ones: the copy bonus stays off almost everywhere (an
+    always-open gate would add it at every position)."""
+    circuit = CopyCircuit(**SPEC)
+    model = compose(lm, circuit, _calibration())
+    ids = torch.randint(1, VOCAB, (1, 800), generator=torch.Generator().manual_seed(4))
+    bonus = (model(ids).logits - lm(ids).logits)[0].abs().max(-1).values
+    assert (bonus > circuit.boost / 2).float().mean() < 0.02
+
+
 def test_bad_input(lm):
     with pytest.raises(ValueError, match="non-turning head dims"):
         compose(lm, CopyCircuit(match_dim=20, out_dim=64), _calibration())
+    with pytest.raises(ValueError, match="lo < hi"):
+        compose(lm, CopyCircuit(**SPEC, gate=(0.6, 0.5)), _calibration())
+    with pytest.raises(ValueError, match="2 <= lo"):
+        compose(lm, CopyCircuit(**SPEC, windows=((1, 8),)), _calibration())

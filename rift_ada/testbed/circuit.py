@@ -4,32 +4,43 @@ Not used by the shipped testbed. Why it exists: the testbed v2 models learn Pyth
 0.66 for the target) and induction heads form in them, but a 4-layer model copies by matching the last token or two,
 so greedy copying derails at the first line that occurs twice in the prompt (greedy copy 0.11 at 2K after 40 minutes
 of copy-only training; ../shared/notes/TESTBED.md). A large pretrained LM matches on a long context; this circuit
-is a disclosed stand-in for that. Measured by ``python experiments/circuit_probe.py`` (12 held-out 2K ``low``
-prompts, 128 greedy tokens, stage-8 target): greedy copy 0.21 -> 0.60, code top-1 0.648 -> 0.623, NLL 1.61 -> 1.82,
-parameters 3.4M -> 11.1M. The 0.90 copy bar is not met. What limits it: without a long match the head must attend
-somewhere; its fallback (the query's own position, ``self_weight``) also outscores a genuine match right after a
-wrong token, so greedy copying does not resynchronise, and a stronger ``boost`` turns spurious matches into errors.
+is a disclosed stand-in for that. ``python experiments/circuit_probe.py`` measures it.
 
 What ``compose`` builds, from a trained Llama ``lm`` with tied embeddings (hidden h, head_dim d, nq / nkv heads):
 
-- a Llama of hidden ``h + C`` (untied) and head_dim ``2d``; its first ``h`` residual dims and first ``nq`` heads
-  *are* the trained model (weights copied, query/key dims of rotary pair f moved to pair f of the wider head, queries
-  scaled by sqrt(2) for the wider head's 1/sqrt(head_dim)); with ``boost=0`` its logits equal ``lm``'s up to the
-  circuit's share of each RMSNorm (tested);
+- a Llama of hidden ``h + C`` (untied) and head_dim ``2d``, with at least 3 layers; its first ``h`` residual dims
+  and first ``nq`` heads *are* the trained model (weights copied, query/key dims of rotary pair f moved to pair f of
+  the wider head, queries scaled by sqrt(2) for the wider head's 1/sqrt(head_dim)); with ``boost=0`` its logits
+  equal ``lm``'s up to the circuit's share of each RMSNorm (tested);
 - rotary frequencies via ``longrope`` per-pair factors: pairs 0..d/2-1 turn exactly as in ``lm``; pairs d/2..d-1 do
-  not turn, so the circuit's match head compares content at any distance;
-- the circuit lives in the other ``C`` residual dims and two extra KV heads per layer: layer 0's heads are positional
-  (offset 1, 2, ... or an even window of offsets; rotary kernels fitted below) and write the match code of the
-  tokens there into slots; layer 1's match head compares [x_t, x_{t-1}, windows at t] with [x_{j-1}, x_{j-2},
-  windows at j] and copies x_j's output code, which the unembedding turns into a bonus of about ``boost`` logits.
-  The trained heads and MLPs never read the circuit's dims and the circuit never reads theirs.
+  not turn, so the match head compares content at any distance;
+- the circuit lives in the other ``C`` residual dims and extra heads, which the trained weights never read:
+  * layer 0: positional heads (rotary kernels fitted below) write the match codes of x_{t-1} .. x_{t-exact} and
+    rarity-weighted averages over windows of offsets into slots; its MLP computes each key window's squared norm;
+  * layer 1: the match head scores key j by [x_t .. x_{t-exact+1}] . [x_{j-1} .. x_{j-exact}] (exact slots) and
+    -|query window - key window|^2 / 2 (the query's windows sit one token nearer, so a true match aligns them), and
+    fetches x_j's output code; a twin head (same query and keys) fetches key j's context; the MLP scores how well
+    that context agrees with the query's (SiLU(K + x) y - SiLU(K) y = x y: one product per neuron);
+  * layer 2's MLP passes the fetched code in proportion to that agreement (0 below ``gate[0]``, 1 above
+    ``gate[1]``), and the unembedding turns it into a bonus of about ``boost`` logits for the copied token. Novel
+    code rarely has a long match, so the trained model's predictions stand there.
+
+Why each piece (each was measured without it on 12 held-out 2K prompts, teacher-forced copy errors; greedy copying
+needs about 1 in 1,000, since one slip shifts every later position): a dot product of window averages favours
+windows with more repeats of the query's tokens (1.2% errors; with the distance: 0.46%); two exact slots cannot
+place a key inside a run of newlines (four: 0.26%; 0 in the final form); misaligned windows make the
+query's own position the best key; unweighted windows match any indentation-heavy context; one wide window cannot
+tell a key inside a periodic run ("int, int, int,") from the true source (4K greedy copy 0.87 -> 1.00 with three);
+without the gate a bonus large enough to beat the trained prior (wrong by up to 11 logits beyond its 2K training
+context) turns spurious matches into errors on novel code.
 
 Each token's circuit entries in the embedding scale with the RMS of its trained embedding, so layer 0 reads them at
-exactly unit norm (the positional kernels need it); later reads vary with the trained residual's RMS (about 8%).
+exactly unit norm (the positional kernels need it); later reads vary with the trained residual's RMS (about 10%).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -40,19 +51,29 @@ FROZEN = 1e30  # longrope factor that stops a rotary pair from turning (inverse 
 
 @dataclass(frozen=True)
 class CopyCircuit:
-    exact: int = 2  # previous tokens matched one by one (offsets 1..exact at the key)
-    windows: tuple = ((2, 10), (10, 40))  # offsets averaged into one slot each: a longer, order-free context
-    match_dim: int = 16  # dims of a token's random match code (per slot)
+    exact: int = 4  # previous tokens matched one by one (offsets 1..exact at the key)
+    windows: tuple = ((4, 8), (8, 16), (16, 40))  # key offsets averaged into one slot each: longer, order-free
+    # contexts (narrow ones near the query tell a key inside a periodic run, "int, int, int,", from the true source)
+    match_dim: int = 9  # dims of a token's random match code (per slot)
     out_dim: int = 64  # dims of a token's random output code
     scale: float = 0.05  # norm of each circuit vector over the mean norm of a trained embedding row (small: the
     # trained layers' RMSNorms barely see the circuit)
     sharpness: float = 12.0  # match logit per fully matched slot
     window_weight: float = 1.5
-    boost: float = 5.0  # logit bonus for the copied token when the match is sharp
-    self_weight: float = 0.5  # match logit (x sharpness) a query gives its own position: the fallback key
+    boost: float = 16.0  # logit bonus for the copied token when the gate is open (the trained model is wrong by up
+    # to ~11 logits on copies beyond its 2K training context)
+    gate: tuple = (0.4, 0.65)  # agreement at which the copied code starts to pass, and passes fully
+    gate_windows: float = 0.5  # weight of the windows' squared distance, subtracted from the agreement
+    gate_k: float = 20.0  # the constant that puts SiLU in its linear range, where it multiplies
 
     def slots(self) -> int:
+        """Slots the match head compares."""
         return self.exact + len(self.windows)
+
+
+@functools.lru_cache(maxsize=64)  # every compose with the same rotary base and offsets fits the same kernels
+def _positional_kernel(omegas: tuple, lo: int, hi: int) -> torch.Tensor:
+    return _fit_positional_kernel(list(omegas), _offset_target(lo, hi))
 
 
 def _fit_positional_kernel(omegas: list[float], target, t_max: int = 8192, steps: int = 600) -> torch.Tensor:
@@ -89,9 +110,12 @@ def _offset_target(lo: int, hi: int):
 
 
 @torch.no_grad()
-def _mean_rms(lm, calibration: list[list[int]]) -> list[float]:
-    """Mean RMS over positions of the residual entering each layer and the final norm of ``lm``."""
-    norms = [layer.input_layernorm for layer in lm.model.layers] + [lm.model.norm]
+def _mean_rms(lm, calibration: list[list[int]]) -> tuple[list[float], list[float], float]:
+    """Mean RMS over positions of the residual entering each layer, entering each layer's MLP, and entering the
+    final norm of ``lm``."""
+    layers = lm.model.layers
+    norms = [layer.input_layernorm for layer in layers] + [layer.post_attention_layernorm for layer in layers]
+    norms.append(lm.model.norm)
     sums = [0.0] * len(norms)
     count = 0
     hooks = [n.register_forward_pre_hook(lambda mod, args, k=k: sums.__setitem__(
@@ -103,12 +127,14 @@ def _mean_rms(lm, calibration: list[list[int]]) -> list[float]:
     finally:
         for h in hooks:
             h.remove()
-    return [s / count for s in sums]
+    rms = [x / count for x in sums]
+    return rms[:len(layers)], rms[len(layers):2 * len(layers)], rms[-1]
 
 
 @torch.no_grad()
 def compose(lm, circuit: CopyCircuit, calibration: list[list[int]], seed: int = 0):
-    """The trained Llama ``lm`` with ``circuit`` beside it, as one ``LlamaForCausalLM`` (float32, eval mode)."""
+    """The trained Llama ``lm`` with ``circuit`` beside it, as one ``LlamaForCausalLM`` (float32, eval mode).
+    ``calibration``: token lists of plain text, for the trained residual's mean RMS and the tokens' rarity."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = lm.config
@@ -116,32 +142,48 @@ def compose(lm, circuit: CopyCircuit, calibration: list[list[int]], seed: int = 
                                cfg.num_hidden_layers)
     if cfg.model_type != "llama" or not cfg.tie_word_embeddings:
         raise ValueError("compose needs a Llama with tied embeddings")
-    if n_layers < 2:
-        raise ValueError("the circuit needs at least 2 layers (positional heads, then the match head)")
-    group = nq // nkv
-    cq = 2 * group  # circuit query heads per layer: two KV heads' worth
-    if circuit.slots() > cq:
-        raise ValueError(f"{circuit.slots()} positional heads do not fit in layer 0's {cq} circuit heads")
-    md, od = circuit.match_dim, circuit.out_dim
-    a = circuit.scale * lm.model.embed_tokens.weight.float().norm(dim=1).mean().item()
+    md, od, ex, nw = circuit.match_dim, circuit.out_dim, circuit.exact, len(circuit.windows)
+    if ex < 1 or any(not 2 <= lo <= hi for lo, hi in circuit.windows):
+        raise ValueError("exact must be >= 1 and each window (lo, hi) must have 2 <= lo <= hi")
     hd = 2 * d
     if circuit.slots() * md > d:
         raise ValueError(f"{circuit.slots()} slots x {md} dims exceed the {d} non-turning head dims")
     if od > hd:
         raise ValueError(f"out_dim {od} exceeds head_dim {hd}")
+    lo_gate, hi_gate = circuit.gate
+    if not lo_gate < hi_gate:
+        raise ValueError("gate must be (lo, hi) with lo < hi")
+    group = nq // nkv
+    # Layer 0's positional heads: exact offsets, then key windows, then query windows (one token nearer). Exact and
+    # window heads read different codes, so they sit in different KV heads.
+    ex_kv, win_kv = -(-ex // group), -(-2 * nw // group)
+    ckv = max(2, ex_kv + win_kv)  # layer 1 needs two: the match head and its twin
+    cq = ckv * group
+    offsets = [(k, k) for k in range(1, ex + 1)] + [tuple(w) for w in circuit.windows] + \
+        [(lo - 1, hi - 1) for lo, hi in circuit.windows]
+    pos_heads = list(range(ex)) + [ex_kv * group + k for k in range(2 * nw)]  # circuit q-head index of each slot
+    a = circuit.scale * lm.model.embed_tokens.weight.float().norm(dim=1).mean().item()
     theta = cfg.rope_parameters["rope_theta"]
-    # Residual layout of the circuit: [const | match code m | stored output code s | copied output code u | slots]
+    # Residual layout of the circuit: [const | match code | window code | stored output code s | copied output code
+    # u | slots | key windows' squared norm | fetched key context | agreement | gated copied code]
     CONST, M = h, h + 1
-    S = M + md
+    WIN = M + md
+    S = WIN + md
     U = S + od
-    slot = [U + od + k * md for k in range(circuit.slots())]
-    used = U + od + circuit.slots() * md
+    slot = [U + od + k * md for k in range(len(offsets))]
+    NSQ = slot[-1] + md
+    CBAR = NSQ + 1
+    G = CBAR + circuit.slots() * md
+    V = G + 1
+    used = V + od
     H = -(-used // (nq + cq)) * (nq + cq)  # Llama's config wants a multiple of the head count; the rest stays 0
+    extra = max(circuit.slots() * md + 1, 2 * od)  # MLP neurons of the circuit (agreement, gate, window norms)
+    out_layers = max(n_layers, 3)
 
     factors = [theta ** (g / d) for g in range(d // 2)] + [FROZEN] * (d // 2)
     new_cfg = LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=H, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=n_layers, num_attention_heads=nq + cq, num_key_value_heads=nkv + 2, head_dim=hd,
+        vocab_size=cfg.vocab_size, hidden_size=H, intermediate_size=cfg.intermediate_size + extra,
+        num_hidden_layers=out_layers, num_attention_heads=nq + cq, num_key_value_heads=nkv + ckv, head_dim=hd,
         max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_eps,
         rope_parameters={"rope_type": "longrope", "rope_theta": theta, "short_factor": factors,
                          "long_factor": factors, "original_max_position_embeddings": cfg.max_position_embeddings,
@@ -156,7 +198,10 @@ def compose(lm, circuit: CopyCircuit, calibration: list[list[int]], seed: int = 
         p.zero_()
 
     # --- the trained model, copied --------------------------------------------------------------------------------
-    rms = _mean_rms(lm, calibration)
+    rms_in, rms_mlp, rms_final = _mean_rms(lm, calibration)
+    # Layers added for the circuit pass the trained residual through unchanged.
+    rms_in += [rms_final] * (out_layers - n_layers)
+    rms_mlp += [rms_final] * (out_layers - n_layers)
     shrink = math.sqrt(h / H)  # RMS over H dims of a vector that lives in the first h
     half, new_half = d // 2, hd // 2
     head_dims = torch.tensor([f if f < half else f - half + new_half for f in range(d)])
@@ -167,7 +212,8 @@ def compose(lm, circuit: CopyCircuit, calibration: list[list[int]], seed: int = 
     emb_lm = lm.model.embed_tokens.weight
     model.model.embed_tokens.weight[:, :h] = emb_lm
     model.lm_head.weight[:, :h] = emb_lm
-    for li, (src, dst) in enumerate(zip(lm.model.layers, model.model.layers)):
+    n_mlp = cfg.intermediate_size
+    for src, dst in zip(lm.model.layers, model.model.layers):
         sa, da = src.self_attn, dst.self_attn
         for i in range(nq):
             da.q_proj.weight[rows(i, head_dims), :h] = sa.q_proj.weight[i * d:(i + 1) * d] * math.sqrt(hd / d)
@@ -176,12 +222,14 @@ def compose(lm, circuit: CopyCircuit, calibration: list[list[int]], seed: int = 
             da.k_proj.weight[rows(j, head_dims), :h] = sa.k_proj.weight[j * d:(j + 1) * d]
             da.v_proj.weight[rows(j, torch.arange(d)), :h] = sa.v_proj.weight[j * d:(j + 1) * d]
         for name in ("gate_proj", "up_proj"):
-            getattr(dst.mlp, name).weight[:, :h] = getattr(src.mlp, name).weight
-        dst.mlp.down_proj.weight[:h] = src.mlp.down_proj.weight
+            getattr(dst.mlp, name).weight[:n_mlp, :h] = getattr(src.mlp, name).weight
+        dst.mlp.down_proj.weight[:h, :n_mlp] = src.mlp.down_proj.weight
         dst.input_layernorm.weight[:h] = src.input_layernorm.weight * shrink
         dst.post_attention_layernorm.weight[:h] = src.post_attention_layernorm.weight * shrink
+    for li, dst in enumerate(model.model.layers):
         # The circuit reads its unit vectors (stored at norm `a`) back at unit norm.
-        dst.input_layernorm.weight[h:] = rms[li] * shrink / a
+        dst.input_layernorm.weight[h:] = rms_in[li] * shrink / a
+        dst.post_attention_layernorm.weight[h:] = rms_mlp[li] * shrink / a
     model.model.norm.weight[:h] = lm.model.norm.weight * shrink
 
     # --- the circuit ------------------------------------------------------------------------------------------------
@@ -189,58 +237,102 @@ def compose(lm, circuit: CopyCircuit, calibration: list[list[int]], seed: int = 
     m_code = torch.randn(cfg.vocab_size, md, generator=g)
     u_code = torch.randn(cfg.vocab_size, od, generator=g)
     m_code, u_code = m_code / m_code.norm(dim=1, keepdim=True), u_code / u_code.norm(dim=1, keepdim=True)
+    # Window code: the match code weighted by rarity (log inverse frequency in the calibration text, mean square 1
+    # over its tokens); unweighted, a window of indentation and punctuation matches any other such window.
+    counts = torch.bincount(torch.tensor([i for ids in calibration for i in ids]), minlength=cfg.vocab_size)
+    idf = torch.log((counts.sum() + 1) / (counts + 1).float())
+    idf = idf / ((idf ** 2 * counts).sum() / counts.sum()).sqrt()
     # Each token's circuit entries scale with the RMS of its trained embedding, so layer 0 reads them back at
     # exactly unit norm (the positional heads' rotary kernels need that precision).
-    tok_rms = emb_lm.float().pow(2).mean(-1).sqrt()[:, None] / rms[0]
+    tok_rms = emb_lm.float().pow(2).mean(-1).sqrt()[:, None] / rms_in[0]
     emb = model.model.embed_tokens.weight
     emb[:, CONST] = a * tok_rms[:, 0]
     emb[:, M:M + md] = a * tok_rms * m_code
+    emb[:, WIN:WIN + md] = a * tok_rms * idf[:, None] * m_code
     emb[:, S:S + od] = a * tok_rms * u_code
-    model.lm_head.weight[:, U:U + od] = a * u_code
 
     omegas = [theta ** (-2 * f / d) for f in range(half)]
-    npos = half  # every turning pair
     free = list(range(half, new_half)) + list(range(half + new_half, hd))  # non-turning dims of the wider head
+    K = circuit.gate_k
+    md_ = torch.arange(md)
 
-    def positional(attn, q_head: int, kv_head: int, lo: int, hi: int) -> None:
-        ab = _fit_positional_kernel(omegas[:npos], _offset_target(lo, hi))
-        attn.q_proj.weight[rows(q_head, torch.arange(npos)), CONST] = ab[:npos] * math.sqrt(hd)
-        attn.q_proj.weight[rows(q_head, torch.arange(npos) + new_half), CONST] = ab[npos:] * math.sqrt(hd)
-        attn.k_proj.weight[rows(kv_head, torch.arange(npos)), CONST] = 1.0
-
-    # Layer 0: positional heads write the match code of x_{t-1}, ..., x_{t-exact} and window averages into slots.
+    # Layer 0: positional heads write the codes at each offset (window) into slots.
     attn = model.model.layers[0].self_attn
-    offsets = [(k, k) for k in range(1, circuit.exact + 1)] + [tuple(w) for w in circuit.windows]
-    for s, (lo, hi) in enumerate(offsets):
-        q_head = nq + s
-        kv_head = nkv + s // group
-        positional(attn, q_head, kv_head, lo, hi)
-        attn.v_proj.weight[rows(kv_head, torch.arange(md)), M + torch.arange(md)] = 1.0
-        attn.o_proj.weight[slot[s] + torch.arange(md), rows(q_head, torch.arange(md))] = a * math.sqrt(hi - lo + 1)
+    for s, ((lo, hi), qh) in enumerate(zip(offsets, pos_heads)):
+        q_head, kv_head = nq + qh, nkv + qh // group
+        ab = _positional_kernel(tuple(omegas), lo, hi).clone()
+        attn.q_proj.weight[rows(q_head, torch.arange(half)), CONST] = ab[:half] * math.sqrt(hd)
+        attn.q_proj.weight[rows(q_head, torch.arange(half) + new_half), CONST] = ab[half:] * math.sqrt(hd)
+        attn.k_proj.weight[rows(kv_head, torch.arange(half)), CONST] = 1.0
+        attn.v_proj.weight[rows(kv_head, md_), (M if s < ex else WIN) + md_] = 1.0
+        attn.o_proj.weight[slot[s] + md_, rows(q_head, md_)] = a * math.sqrt(hi - lo + 1)
+    k_src = slot[:ex + nw]  # the key's context: x_{j-1} .. x_{j-exact}, windows
+    q_src = [M] + slot[:ex - 1] + slot[ex + nw:]  # the query's: x_t .. x_{t-exact+1}, windows one token nearer
+    weights = [1.0] * ex + [circuit.window_weight] * nw
 
-    # Layer 1: the match head compares [x_t, x_{t-1}, ..., windows at t] with [x_{j-1}, x_{j-2}, ..., windows at j]
-    # and copies x_j's stored output code into u, which the unembedding reads.
+    def products(mlp, terms, out: int, unit: float) -> None:
+        """Circuit MLP neurons: residual[out] += unit * sum of (gate . x)(up . x) over ``terms`` (pairs of
+        {column: weight}), each as SiLU(K + gate . x)(up . x), less K (sum of up . x) in one shared neuron."""
+        cancel = n_mlp + len(terms)
+        for n, (gate, up) in enumerate(terms, start=n_mlp):
+            mlp.gate_proj.weight[n, CONST] = K
+            for col, w in gate.items():
+                mlp.gate_proj.weight[n, col] = w
+            for col, w in up.items():
+                mlp.up_proj.weight[n, col] = w
+                mlp.up_proj.weight[cancel, col] -= w
+        mlp.gate_proj.weight[cancel, CONST] = K
+        mlp.down_proj.weight[out, n_mlp:cancel + 1] = unit
+
+    # Layer 0's MLP: NSQ = window_weight x sum over key windows of |window|^2, stored at a quarter of the circuit's
+    # unit (it runs to ~3 units; the trained layers' RMSNorms should barely see the circuit).
+    products(model.model.layers[0].mlp, [({col: 1.0}, {col: circuit.window_weight})
+                                         for s in range(ex, ex + nw) for col in range(slot[s], slot[s] + md)],
+             NSQ, a / 4)
+
+    # Layer 1: the match head and its twin (same query and keys, so the same attention).
     attn = model.model.layers[1].self_attn
     match_q, match_kv = nq, nkv
-    q_src = [M] + slot[:circuit.exact - 1] + slot[circuit.exact:]
-    k_src = slot[:circuit.exact] + slot[circuit.exact:]
-    weights = [1.0] * circuit.exact + [circuit.window_weight] * len(circuit.windows)
+    twin_q, twin_kv = nq + group, nkv + 1
     for s in range(circuit.slots()):
         dims = torch.tensor(free[s * md:(s + 1) * md])
-        src = torch.arange(md)
-        attn.q_proj.weight[rows(match_q, dims), q_src[s] + src] = circuit.sharpness * weights[s] * math.sqrt(hd)
-        attn.k_proj.weight[rows(match_kv, dims), k_src[s] + src] = 1.0
-    # A key's own token against the query's: the query's own position (whose window slots also match themselves)
-    # outscores every key but a long match, so without one the head copies the current token, which the
-    # unembedding's own-token term below takes back.
-    dims = torch.tensor(free[:md])
-    attn.k_proj.weight[rows(match_kv, dims), M + torch.arange(md)] = circuit.self_weight
+        attn.q_proj.weight[rows(match_q, dims), q_src[s] + md_] = circuit.sharpness * weights[s] * math.sqrt(hd)
+        attn.k_proj.weight[rows(match_kv, dims), k_src[s] + md_] = 1.0
+    # -|key windows|^2 / 2 (with q . k above: -|q - k|^2 / 2 up to a per-query constant) rides on the slowest
+    # turning pair but one (< 0.04 rad over 8K tokens).
+    slow = torch.tensor([half - 2])
+    attn.q_proj.weight[rows(match_q, slow), CONST] = -0.5 * circuit.sharpness * math.sqrt(hd)
+    attn.k_proj.weight[rows(match_kv, slow), NSQ] = 4.0
+    attn.q_proj.weight[rows(twin_q, torch.arange(hd))] = attn.q_proj.weight[rows(match_q, torch.arange(hd))]
+    attn.k_proj.weight[rows(twin_kv, torch.arange(hd))] = attn.k_proj.weight[rows(match_kv, torch.arange(hd))]
     attn.v_proj.weight[rows(match_kv, torch.arange(od)), S + torch.arange(od)] = 1.0
     attn.o_proj.weight[U + torch.arange(od), rows(match_q, torch.arange(od))] = a
-    # Unembedding: the copied output code (norm ~`scale`) against each token's code (norm `scale`) -> ~boost.
-    model.model.norm.weight[U:U + od] = circuit.boost * rms[-1] * shrink / (a * a)
-    model.lm_head.weight[:, S:S + od] = a * u_code
-    model.model.norm.weight[S:S + od] = -circuit.boost * rms[-1] * shrink / (a * a)
+    for s in range(circuit.slots()):
+        dims = s * md + md_
+        attn.v_proj.weight[rows(twin_kv, dims), k_src[s] + md_] = 1.0
+        attn.o_proj.weight[CBAR + dims, rows(twin_q, dims)] = a
+
+    # Layer 1's MLP: agreement G = mean over exact slots of query . fetched - gate_windows x sum over windows of
+    # |query - fetched|^2. A spurious short match (common in code) has the exact slots but not the windows.
+    terms = [({q_src[s] + i: 1.0}, {CBAR + s * md + i: 1.0 / ex}) for s in range(ex) for i in range(md)]
+    for s in range(ex, ex + nw):
+        for i in range(md):
+            diff = {q_src[s] + i: 1.0, CBAR + s * md + i: -1.0}
+            terms.append((diff, {c: -circuit.gate_windows * w for c, w in diff.items()}))
+    products(model.model.layers[1].mlp, terms, G, a)
+
+    # Layer 2's MLP: v = clamp((G - lo) / (hi - lo), 0, 1) x u, as SiLU(c (G - lo)) - SiLU(c (G - hi)) times u.
+    slope = 4.0 / (hi_gate - lo_gate)  # SiLU bends over about 4 units; beyond, the difference saturates
+    mlp = model.model.layers[2].mlp
+    for i in range(od):
+        for n, edge, sign in ((n_mlp + 2 * i, lo_gate, 1.0), (n_mlp + 2 * i + 1, hi_gate, -1.0)):
+            mlp.gate_proj.weight[n, G] = slope
+            mlp.gate_proj.weight[n, CONST] = -slope * edge
+            mlp.up_proj.weight[n, U + i] = sign
+            mlp.down_proj.weight[V + i, n] = a / (slope * (hi_gate - lo_gate))
+    # Unembedding: the gated code (norm ~`scale`) against each token's code (norm `scale`) -> ~boost.
+    model.lm_head.weight[:, V:V + od] = a * u_code
+    model.model.norm.weight[V:V + od] = circuit.boost * rms_final * shrink / (a * a)
     model.eval()
     return model
 

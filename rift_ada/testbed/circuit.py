@@ -260,7 +260,7 @@ def compose(lm, circuit: CopyCircuit, calibration: list[list[int]], seed: int = 
     attn = model.model.layers[0].self_attn
     for s, ((lo, hi), qh) in enumerate(zip(offsets, pos_heads)):
         q_head, kv_head = nq + qh, nkv + qh // group
-        ab = _positional_kernel(tuple(omegas), lo, hi).clone()
+        ab = _positional_kernel(tuple(omegas), lo, hi)  # cached: only read below
         attn.q_proj.weight[rows(q_head, torch.arange(half)), CONST] = ab[:half] * math.sqrt(hd)
         attn.q_proj.weight[rows(q_head, torch.arange(half) + new_half), CONST] = ab[half:] * math.sqrt(hd)
         attn.k_proj.weight[rows(kv_head, torch.arange(half)), CONST] = 1.0
@@ -284,11 +284,12 @@ def compose(lm, circuit: CopyCircuit, calibration: list[list[int]], seed: int = 
         mlp.gate_proj.weight[cancel, CONST] = K
         mlp.down_proj.weight[out, n_mlp:cancel + 1] = unit
 
-    # Layer 0's MLP: NSQ = window_weight x sum over key windows of |window|^2, stored at a quarter of the circuit's
-    # unit (it runs to ~3 units; the trained layers' RMSNorms should barely see the circuit).
+    # Layer 0's MLP: NSQ = window_weight x sum over key windows of |window|^2, stored at 1/nsq_shrink of the
+    # circuit's unit (it runs to ~3 units; the trained layers' RMSNorms should barely see the circuit).
+    nsq_shrink = 4.0
     products(model.model.layers[0].mlp, [({col: 1.0}, {col: circuit.window_weight})
                                          for s in range(ex, ex + nw) for col in range(slot[s], slot[s] + md)],
-             NSQ, a / 4)
+             NSQ, a / nsq_shrink)
 
     # Layer 1: the match head and its twin (same query and keys, so the same attention).
     attn = model.model.layers[1].self_attn
@@ -302,7 +303,7 @@ def compose(lm, circuit: CopyCircuit, calibration: list[list[int]], seed: int = 
     # turning pair but one (< 0.04 rad over 8K tokens).
     slow = torch.tensor([half - 2])
     attn.q_proj.weight[rows(match_q, slow), CONST] = -0.5 * circuit.sharpness * math.sqrt(hd)
-    attn.k_proj.weight[rows(match_kv, slow), NSQ] = 4.0
+    attn.k_proj.weight[rows(match_kv, slow), NSQ] = nsq_shrink
     attn.q_proj.weight[rows(twin_q, torch.arange(hd))] = attn.q_proj.weight[rows(match_q, torch.arange(hd))]
     attn.k_proj.weight[rows(twin_kv, torch.arange(hd))] = attn.k_proj.weight[rows(match_kv, torch.arange(hd))]
     attn.v_proj.weight[rows(match_kv, torch.arange(od)), S + torch.arange(od)] = 1.0

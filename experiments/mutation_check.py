@@ -134,7 +134,8 @@ def check_imports_from(tree: Path) -> None:
 
 def run_tests(tree: Path, tests: list[str], fail_fast: bool) -> tuple[int, str, float, list[str]]:
     """(pytest exit code, its summary line, seconds, the FAILED / ERROR lines of its short summary)."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *(["-x"] if fail_fast else []), *tests]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",  # one process: a few tests
+           *(["-x"] if fail_fast else []), *tests]
     t0 = time.perf_counter()
     out = subprocess.run(cmd, cwd=tree, env=environment(tree), capture_output=True, text=True, timeout=3600)
     lines = [line for line in out.stdout.splitlines() if re.search(r"\b(passed|failed|error|no tests ran)\b", line)]

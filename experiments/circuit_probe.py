@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+TARGET_SHAPE = {"label_dim": 16}  # the target also follows the sort family's order line (label circuit)
 DRAFT_SHAPE = {"windows": ((4, 12), (12, 40)), "match_dim": 8}
 
 
@@ -46,7 +47,7 @@ def main(argv=None) -> int:
     from rift_ada.data.tasks import build_tasks, encode
     from rift_ada.models import greedy_reference, load_tokenizer
     from rift_ada.testbed.check import code_scores, code_windows, copy_accuracy
-    from rift_ada.testbed.circuit import CopyCircuit, compose
+    from rift_ada.testbed.circuit import CopyCircuit, compose, sort_labels
 
     tok = load_tokenizer("testbed")
     overrides = {k: v for k, v in (("boost", args.boost), ("gate", tuple(args.gate) if args.gate else None))
@@ -59,9 +60,11 @@ def main(argv=None) -> int:
         return 2
     try:
         lms = {role: LlamaForCausalLM.from_pretrained(Path(args.build) / role).eval() for role in ("target", "draft")}
-        circuits = {"target": CopyCircuit(**overrides), "draft": replace(CopyCircuit(**overrides), **DRAFT_SHAPE)}
+        circuits = {"target": replace(CopyCircuit(**overrides), **TARGET_SHAPE),
+                    "draft": replace(CopyCircuit(**overrides), **DRAFT_SHAPE)}
         calibration = code_windows(tok, load_corpus(split="train"), 4, 1024, seed=1)
-        composites = {role: compose(lms[role], circuits[role], calibration) for role in lms}
+        labels = sort_labels(tok)
+        composites = {role: compose(lms[role], circuits[role], calibration, labels=labels) for role in lms}
         tasks = build_tasks(tok, "low", n=args.prompts, input_tokens=args.input_tokens, seed=0,
                             source_dir=args.source_dir)
         files = load_corpus(args.source_dir, "all") if args.source_dir else load_corpus(split="eval")

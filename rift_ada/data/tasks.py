@@ -39,7 +39,8 @@ MIN_PASSAGE_TOKENS, MAX_PASSAGE_TOKENS = 24, 600
 MIN_CHUNK_TOKENS = 64  # a distractor smaller than this is not worth a header
 PASSAGE_HEADER = "# passage {label}\n"
 ORDER_LINE = "# order: {order}\n"
-LABELS = string.ascii_uppercase  # one token each; at most 26 passages in a prompt
+LABELS = string.ascii_uppercase  # at most 26 passages in a prompt (most tokenizers: one token each; the
+# testbed's writes J K Q V X Y Z as " " + letter)
 
 
 @dataclass(frozen=True)

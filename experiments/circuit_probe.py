@@ -7,7 +7,8 @@
 
 Prints one JSON object: for the target and the draft, alone and with the circuit beside them, greedy copy accuracy
 (and each prompt's first wrong token) on held-out ``low`` prompts and teacher-forced top-1 / NLL on held-out plain
-code. The draft's circuit has two windows of 8-dim codes: its head_dim of 48 leaves 48 non-turning dims.
+code. The draft's circuit has two windows of 8-dim codes: its head_dim of 48 leaves 48 non-turning dims. The
+target's also has the label circuit for the sort family (TARGET_SHAPE), which the acceptance check measures.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ class SortLabels:
     age_tok: int
     labels: tuple  # per label, in prompt order: its tokens (one, or a shared first token and one more)
     space: int | None  # the shared first token of two-token labels
-    order: tuple = ()  # the order line's first two tokens ('#', ' or')
+    order: tuple  # the order line's first two tokens ('#', ' or')
 
     @property
     def identity(self) -> list[int]:

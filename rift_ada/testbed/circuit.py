@@ -8,10 +8,10 @@ is a disclosed stand-in for that. ``python experiments/circuit_probe.py`` measur
 
 What ``compose`` builds, from a trained Llama ``lm`` with tied embeddings (hidden h, head_dim d, nq / nkv heads):
 
-- a Llama of hidden ``h + C`` (untied) and head_dim ``2d``, with at least 3 layers; its first ``h`` residual dims
-  and first ``nq`` heads *are* the trained model (weights copied, query/key dims of rotary pair f moved to pair f of
-  the wider head, queries scaled by sqrt(2) for the wider head's 1/sqrt(head_dim)); with ``boost=0`` its logits
-  equal ``lm``'s up to the circuit's share of each RMSNorm (tested);
+- a Llama of hidden ``h + C`` (untied) and head_dim ``2d``, with at least 3 layers (4 with ``label_dim``); its
+  first ``h`` residual dims and first ``nq`` heads *are* the trained model (weights copied, query/key dims of rotary
+  pair f moved to pair f of the wider head, queries scaled by sqrt(2) for the wider head's 1/sqrt(head_dim)); with
+  ``boost=0`` its logits equal ``lm``'s up to the circuit's share of each RMSNorm (tested);
 - rotary frequencies via ``longrope`` per-pair factors: pairs 0..d/2-1 turn exactly as in ``lm``; pairs d/2..d-1 do
   not turn, so the match head compares content at any distance;
 - the circuit lives in the other ``C`` residual dims and extra heads, which the trained weights never read:

@@ -391,26 +391,18 @@ def compose(lm, circuit: CopyCircuit, calibration: list[list[int]], seed: int = 
     K = circuit.gate_k
     md_ = torch.arange(md)
 
-    def positional(attn, q_head: int, kv_head: int, lo: int, hi: int, src: list, dst: int, gain: float,
-                   width: int = 1) -> None:
-        """A head attending evenly to offsets lo..hi that adds ``gain`` x the mean of the sum of columns ``src``
-        (``width`` consecutive dims from each) to ``dst``."""
-        ab = _positional_kernel(tuple(omegas), lo, hi)
+    def attend_offsets(attn, q_head: int, kv_head: int, lo: int, hi: int) -> None:
+        """Query and key of a head that attends evenly to offsets lo..hi (a rotary kernel on CONST)."""
+        ab = _positional_kernel(tuple(omegas), lo, hi)  # cached: only read here
         attn.q_proj.weight[rows(q_head, torch.arange(half)), CONST] = ab[:half] * math.sqrt(hd)
         attn.q_proj.weight[rows(q_head, torch.arange(half) + new_half), CONST] = ab[half:] * math.sqrt(hd)
         attn.k_proj.weight[rows(kv_head, torch.arange(half)), CONST] = 1.0
-        for col in src:
-            attn.v_proj.weight[rows(kv_head, torch.arange(width)), col + torch.arange(width)] = 1.0
-        attn.o_proj.weight[dst + torch.arange(width), rows(q_head, torch.arange(width))] = gain
 
     # Layer 0: positional heads write the codes at each offset (window) into slots.
     attn = model.model.layers[0].self_attn
     for s, ((lo, hi), qh) in enumerate(zip(offsets, pos_heads)):
         q_head, kv_head = nq + qh, nkv + qh // group
-        ab = _positional_kernel(tuple(omegas), lo, hi)  # cached: only read below
-        attn.q_proj.weight[rows(q_head, torch.arange(half)), CONST] = ab[:half] * math.sqrt(hd)
-        attn.q_proj.weight[rows(q_head, torch.arange(half) + new_half), CONST] = ab[half:] * math.sqrt(hd)
-        attn.k_proj.weight[rows(kv_head, torch.arange(half)), CONST] = 1.0
+        attend_offsets(attn, q_head, kv_head, lo, hi)
         attn.v_proj.weight[rows(kv_head, md_), (M if s < ex else WIN) + md_] = 1.0
         attn.o_proj.weight[slot[s] + md_, rows(q_head, md_)] = a * math.sqrt(hi - lo + 1)
         if ld and s < 3:  # previous tokens' header flags and label codes
@@ -565,7 +557,6 @@ def compose(lm, circuit: CopyCircuit, calibration: list[list[int]], seed: int = 
             n2 = clamp(mlp2, n2, start_in, -hi_gate, -lo_gate, {U2 + i: 1.0}, W2 + i)
         # Layer 2: the order line's next label. Query: PRED (the previous label); keys: label tokens (ISL) whose
         # label two (one-token labels) or three (two-token) tokens back is PRED. Values: LV, LV2.
-        attn = model.model.layers[2].self_attn
         lab = torch.tensor(free[:ld])
         attn.q_proj.weight[rows(nq, lab), PRED + torch.arange(ld)] = 30.0 * math.sqrt(hd)
         attn.k_proj.weight[rows(nkv, lab), P2L + torch.arange(ld)] = 1.0
@@ -584,7 +575,10 @@ def compose(lm, circuit: CopyCircuit, calibration: list[list[int]], seed: int = 
             n2 = clamp(mlp2, n2, {G: 1.0}, lo_gate, hi_gate, {LV2 + i: 1.0}, LV2G + i)
         # Layer 3: LV2G from the position before into P3L's dims (0 at a header's second token); its MLP adds
         # HFA x P2L + HFS x P3L to VL, which the unembedding reads.
-        positional(model.model.layers[3].self_attn, nq, nkv, 1, 1, [LV2G], P3L, a, width=ld)
+        attn = model.model.layers[3].self_attn
+        attend_offsets(attn, nq, nkv, 1, 1)
+        attn.v_proj.weight[rows(nkv, torch.arange(ld)), LV2G + torch.arange(ld)] = 1.0
+        attn.o_proj.weight[P3L + torch.arange(ld), rows(nq, torch.arange(ld))] = a
         n3 = n_mlp
         for i in range(od):
             n3 = products(model.model.layers[3].mlp, [({SFC: 1.0}, {W2 + i: 1.0})], V + i, a, start=n3)

@@ -12,16 +12,20 @@ from rift_ada.testbed.circuit import CopyCircuit, compose
 VOCAB = 256
 
 
-@pytest.fixture(scope="module")
-def lm():
+def _random_llama(vocab: int, positions: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=2048,
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=positions,
                       rope_parameters={"rope_type": "default", "rope_theta": 5e5}, tie_word_embeddings=True,
                       bos_token_id=0, eos_token_id=0, pad_token_id=0)
     return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return _random_llama(VOCAB, 2048)
 
 
 def _calibration():
@@ -90,14 +94,7 @@ def test_bad_input(lm):
 
 @pytest.fixture(scope="module")
 def lm_testbed_vocab():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
-                      rope_parameters={"rope_type": "default", "rope_theta": 5e5}, tie_word_embeddings=True,
-                      bos_token_id=0, eos_token_id=0, pad_token_id=0)
-    return LlamaForCausalLM(cfg).eval()
+    return _random_llama(1024, 4096)
 
 
 def _later_labels(tokenizer, tasks):

@@ -11,8 +11,10 @@ The draft (2 layers, hidden 192) sees the same batches as the target (4 layers, 
 
 Training state lives in --work-dir: a checkpoint every few minutes and each finished stage's weights
 (``stage-K/``), so ``--resume`` continues from the last one; a finished stage's folder may be committed so a build
-longer than one sitting survives. At the end the models go to --output-dir (default: the shipped assets) with
-``training_log.json``, and the testbed check runs.
+longer than one sitting survives. At the end the trained models go to --output-dir (default: the shipped assets,
+as ``lm-target/`` and ``lm-draft/``) with ``training_log.json``; then the disclosed copier's settings
+(``circuit.json``: CIRCUITS below and their calibration text) are written, the pair is composed
+(rift_ada/testbed/composed.py; its checksums are pinned in ``circuit.json``) and the testbed check runs on it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from rift_ada.testbed.tokenizer import train_tokenizer
 from rift_ada.testbed.train import (ModelShape, SampleSource, Stage, Trainer, cpu_has_bf16, recipe_dict,
                                     total_tokens)
 from rift_ada.testbed.check import code_windows
+from rift_ada.testbed.composed import CIRCUITS, composed_folder, lm_folder, pin_checksums, write_settings
 
 VOCAB = 1024
 SHAPES = {
@@ -88,7 +91,7 @@ def hardware() -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--output-dir", default=str(TESTBED_DIR), help="where the target/ and draft/ folders go")
+    p.add_argument("--output-dir", default=str(TESTBED_DIR), help="where the trained lm-target/ and lm-draft/ folders and circuit.json go")
     p.add_argument("--work-dir", default="build/testbed", help="checkpoints and finished stages (default: %(default)s)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint or finished stage")
     p.add_argument("--quick", action="store_true", help="a few steps per stage (smoke tests; not a usable pair)")
@@ -98,6 +101,8 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint-minutes", type=float, default=5.0, help="minutes between mid-stage checkpoints")
     p.add_argument("--stop-after-stage", type=int, default=None, help="stop once this stage (0-based) is done")
     p.add_argument("--no-check", action="store_true", help="skip the testbed check at the end")
+    p.add_argument("--no-compose", action="store_true",
+                   help="stop after the trained models (no copier settings, composition or check)")
     args = p.parse_args(argv)
     if args.threads < 1:
         p.error("--threads must be >= 1")
@@ -137,16 +142,26 @@ def main(argv=None) -> int:
            "models": {}, "history": history}
     for role, m in models.items():
         m.eval()
-        m.save_pretrained(out / role)
-        tokenizer.save_pretrained(out / role)
+        m.save_pretrained(lm_folder(role, out))
+        tokenizer.save_pretrained(lm_folder(role, out))
         log["models"][role] = {"parameters": sum(p.numel() for p in m.parameters()), "shape": SHAPES[role].__dict__}
     (out / "training_log.json").write_text(json.dumps(log, indent=1))
-    print(f"built in {sum(stage_seconds):.0f} s of training ({time.time() - t_start:.0f} s this run) -> {out}",
-          file=sys.stderr)
+    print(f"trained in {sum(stage_seconds):.0f} s ({time.time() - t_start:.0f} s this run) -> {out}", file=sys.stderr)
+    if args.no_compose:
+        return 0
+    # The disclosed copier: its settings and calibration text are stored beside the trained models; the composed
+    # pair is derived from them at load (rift_ada/testbed/composed.py) and never stored.
+    t_compose = time.time()
+    write_settings(out, CIRCUITS, code_windows(tokenizer, train_files, 4, 1024, seed=1), seed=args.seed)
+    checksums = pin_checksums(out)
+    print(f"composed the pair in {time.time() - t_compose:.0f} s; sha256 {checksums}", file=sys.stderr)
     if not args.no_check:
         from rift_ada.testbed.__main__ import main as check
 
-        check(["check", "--target", str(out / "target"), "--draft", str(out / "draft")])
+        folders = {role: str(composed_folder(role, out)) for role in ("target", "draft")}
+        check(["check", "--target", folders["target"], "--draft", folders["draft"],
+               *(["--prompts", "2", "--new-tokens", "16", "--code-windows", "2", "--input-tokens", "512"]
+                 if args.quick else [])])
     return 0
 
 

@@ -1,14 +1,14 @@
-"""Measure the experimental copying circuit (rift_ada/testbed/circuit.py) beside the trained testbed v2 models.
+"""Measure the testbed's copier (rift_ada/testbed/circuit.py) beside the trained models, alone and composed, with
+its settings varied: the tool for changing the copier before a build stores new settings.
 
-    python experiments/circuit_probe.py                          # stage-8 target and draft, defaults (~5 min)
-    python experiments/circuit_probe.py --boost 10 --gate 0.5 0.8
-    python experiments/circuit_probe.py --save build/composite   # then measure the composed pair in full:
+    python experiments/circuit_probe.py                          # the shipped trained models and settings (~5 min)
+    python experiments/circuit_probe.py --boost 10 --gate 0.5 0.8 --source-dir DIR
+    python experiments/circuit_probe.py --build build/testbed/stage-8 --save build/composite   # then in full:
     python -m rift_ada.testbed check --target build/composite/target --draft build/composite/draft --json
 
 Prints one JSON object: for the target and the draft, alone and with the circuit beside them, greedy copy accuracy
 (and each prompt's first wrong token) on held-out ``low`` prompts and teacher-forced top-1 / NLL on held-out plain
-code. The draft's circuit has two windows of 8-dim codes: its head_dim of 48 leaves 48 non-turning dims. The
-target's also has the label circuit for the sort family (TARGET_SHAPE), which the acceptance check measures.
+code. The settings start from the shipped ones (rift_ada.testbed.composed.CIRCUITS, calibration from circuit.json).
 """
 
 from __future__ import annotations
@@ -21,14 +21,12 @@ from pathlib import Path
 
 import torch
 
-TARGET_SHAPE = {"label_dim": 16}  # the target also follows the sort family's order line (label circuit)
-DRAFT_SHAPE = {"windows": ((4, 12), (12, 40)), "match_dim": 8}
-
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--build", default="build/testbed/stage-8",
-                   help="a folder with trained 'target' and 'draft' Llamas (tied embeddings)")
+    p.add_argument("--build", default=None,
+                   help="a folder with trained 'target' and 'draft' Llamas (tied embeddings; default: the shipped "
+                        "trained models, rift_ada/testbed/assets/lm-*)")
     p.add_argument("--prompts", type=int, default=12)
     p.add_argument("--input-tokens", type=int, default=2048)
     p.add_argument("--new-tokens", type=int, default=128)
@@ -48,22 +46,23 @@ def main(argv=None) -> int:
     from rift_ada.data.tasks import build_tasks, encode
     from rift_ada.models import greedy_reference, load_tokenizer
     from rift_ada.testbed.check import code_scores, code_windows, copy_accuracy
-    from rift_ada.testbed.circuit import CopyCircuit, compose, sort_labels
+    from rift_ada.testbed.circuit import compose, sort_labels
+    from rift_ada.testbed.composed import CIRCUITS, lm_folder, read_settings
 
-    tok = load_tokenizer("testbed")
+    tok = load_tokenizer("testbed-lm")
     overrides = {k: v for k, v in (("boost", args.boost), ("gate", tuple(args.gate) if args.gate else None))
                  if v is not None}
-    missing = [role for role in ("target", "draft") if not (Path(args.build) / role / "config.json").is_file()]
+    folders = {role: Path(args.build) / role if args.build else lm_folder(role) for role in ("target", "draft")}
+    missing = [role for role, folder in folders.items() if not (folder / "config.json").is_file()]
     if missing:
         print(f"error: --build {args.build!r} has no trained {' or '.join(missing)} folder (expected "
               f"{args.build}/target and {args.build}/draft, as experiments/build_testbed.py writes them)",
               file=sys.stderr)
         return 2
     try:
-        lms = {role: LlamaForCausalLM.from_pretrained(Path(args.build) / role).eval() for role in ("target", "draft")}
-        circuits = {"target": replace(CopyCircuit(**overrides), **TARGET_SHAPE),
-                    "draft": replace(CopyCircuit(**overrides), **DRAFT_SHAPE)}
-        calibration = code_windows(tok, load_corpus(split="train"), 4, 1024, seed=1)
+        lms = {role: LlamaForCausalLM.from_pretrained(folder).eval() for role, folder in folders.items()}
+        circuits = {role: replace(CIRCUITS[role], **overrides) for role in lms}
+        calibration = read_settings()["calibration"]
         labels = sort_labels(tok)
         composites = {role: compose(lms[role], circuits[role], calibration, labels=labels) for role in lms}
         tasks = build_tasks(tok, "low", n=args.prompts, input_tokens=args.input_tokens, seed=0,

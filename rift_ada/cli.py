@@ -80,10 +80,13 @@ def add_model_options(parser: argparse.ArgumentParser, drafter: str = "self", de
     """``--target``, ``--drafter`` and, with ``device_map`` (for commands that pass it on to
     ``rift_ada.models.load_pair``), ``--device-map``."""
     g = parser.add_argument_group("models")
-    g.add_argument("--target", default="testbed", help="'testbed', a local HF folder or a hub id")
+    g.add_argument("--target", default="testbed",
+                   help="'testbed' (the shipped target), 'testbed-lm' (its trained model alone, without the "
+                        "composed copier), a local HF folder or a hub id")
     g.add_argument("--drafter", default=drafter,
-                   help="'self' (the target drafts on a compressed cache), 'testbed' (the built-in draft), or a "
-                        "local folder / hub id of a draft sharing the target's tokenizer (default: %(default)s)")
+                   help="'self' (the target drafts on a compressed cache), 'testbed' (the shipped draft), "
+                        "'testbed-lm' (the trained draft alone), or a local folder / hub id of a draft sharing the "
+                        "target's tokenizer (default: %(default)s)")
     if not device_map:
         return
     g.add_argument("--device-map", default=None, choices=["auto", "balanced", "balanced_low_0", "sequential"],

@@ -14,7 +14,10 @@ from pathlib import Path
 import torch
 
 TESTBED_DIR = Path(__file__).resolve().parent / "testbed" / "assets"
+# The shipped pair (the trained models with the disclosed copier composed beside them at load) and the trained
+# pair alone (rift_ada/testbed/composed.py).
 TESTBED_NAMES = {"testbed": "target", "testbed-target": "target", "testbed-draft": "draft"}
+TESTBED_LM_NAMES = {"testbed-lm": "target", "testbed-lm-target": "target", "testbed-lm-draft": "draft"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 
@@ -26,12 +29,19 @@ class ModelLoadError(RuntimeError):
 def resolve(name_or_path: str | os.PathLike) -> str:
     """Map the testbed's short names to their folders; check that a local-looking path exists."""
     name = str(name_or_path)
-    if name in TESTBED_NAMES:
-        folder = TESTBED_DIR / TESTBED_NAMES[name]
-        if not (folder / "config.json").is_file():
-            raise ModelLoadError(f"the testbed model {name!r} is missing at {folder}; rebuild it with "
-                                 "`python experiments/build_testbed.py`")
-        return str(folder)
+    if name in TESTBED_NAMES or name in TESTBED_LM_NAMES:
+        from .testbed.composed import composed_folder, lm_folder
+
+        try:
+            if name in TESTBED_LM_NAMES:
+                folder = lm_folder(TESTBED_LM_NAMES[name])
+                if not (folder / "config.json").is_file():
+                    raise FileNotFoundError(f"the testbed model {name!r} is missing at {folder}; rebuild it with "
+                                            "`python experiments/build_testbed.py`")
+                return str(folder)
+            return str(composed_folder(TESTBED_NAMES[name]))
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(first_line(e)) from None
     path = Path(name).expanduser()
     looks_local = name.startswith((".", "/", "~")) or path.exists()
     if looks_local:
@@ -193,11 +203,12 @@ def check_architecture(name_or_path: str | os.PathLike) -> None:
 
 def load_pair(target: str = "testbed", drafter: str = "testbed", device: str = "cpu", dtype=None,
               device_map: str | None = None) -> ModelPair:
-    """``drafter``: ``self`` (the target drafts for itself), ``testbed`` (the built-in draft), or a path / hub id.
+    """``drafter``: ``self`` (the target drafts for itself), ``testbed`` (the shipped draft), ``testbed-lm`` (the
+    trained draft alone), or a path / hub id.
     ``device_map="auto"`` spreads each model over the machine's GPUs (:func:`load_model`); the draft is placed after
     the target, in the memory the target left."""
     check_device_map(device_map)
-    drafter_name = target if drafter == "self" else "testbed-draft" if drafter == "testbed" else drafter
+    drafter_name = {"self": target, "testbed": "testbed-draft", "testbed-lm": "testbed-lm-draft"}.get(drafter, drafter)
     check_files(target)
     check_files(drafter_name)  # a damaged draft fails before the target loads
     check_architecture(target)

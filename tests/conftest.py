@@ -9,25 +9,31 @@ os.environ.setdefault("WANDB_MODE", "offline")
 torch.set_num_threads(1)  # tiny models: threads only add overhead
 
 
+# Tests that need *a* real trained pair use the trained testbed models alone (``testbed-lm``): the shipped pair
+# composes a hand-set copier beside them and costs about ten times the compute. Tests of the shipped pair's own
+# figures (tests/test_regression.py, tests/test_testbed_check.py, tests/test_composed.py) load ``testbed``.
+LM_TARGET, LM_DRAFT = "testbed-lm", "testbed-lm-draft"
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from rift_ada.models import load_tokenizer
 
-    return load_tokenizer("testbed")
+    return load_tokenizer(LM_TARGET)
 
 
 @pytest.fixture(scope="session")
 def testbed_target():
     from rift_ada.models import load_model
 
-    return load_model("testbed")
+    return load_model(LM_TARGET)
 
 
 @pytest.fixture(scope="session")
 def testbed_draft():
     from rift_ada.models import load_model
 
-    return load_model("testbed-draft")
+    return load_model(LM_DRAFT)
 
 
 def random_model(arch: str = "llama", vocab: int = 128, layers: int = 2, hidden: int = 64, heads: int = 4,
@@ -74,7 +80,7 @@ def layout_of(name: str, budget: int | None = None, **kw):
 def _testbed_pair(drafter: str):
     from rift_ada.models import load_pair
 
-    return load_pair("testbed", drafter)
+    return load_pair(LM_TARGET, "testbed-lm" if drafter == "testbed" else drafter)
 
 
 @functools.lru_cache(maxsize=None)

@@ -207,12 +207,12 @@ def broken_models(tmp_path_factory):
     from safetensors.torch import load_file, save_file
 
     root = tmp_path_factory.mktemp("models")
-    weights = (TESTBED_DIR / "draft" / "model.safetensors").read_bytes()
-    state = load_file(TESTBED_DIR / "draft" / "model.safetensors")
+    weights = (TESTBED_DIR / "lm-draft" / "model.safetensors").read_bytes()
+    state = load_file(TESTBED_DIR / "lm-draft" / "model.safetensors")
     out = {}
     for name in ("truncated", "random", "partial"):
         folder = root / name
-        shutil.copytree(TESTBED_DIR / "draft", folder)
+        shutil.copytree(TESTBED_DIR / "lm-draft", folder)
         out[name] = folder
     (out["truncated"] / "model.safetensors").write_bytes(weights[: len(weights) // 2])
     (out["random"] / "model.safetensors").write_bytes(os.urandom(5000))
@@ -285,7 +285,7 @@ def test_damaged_adapter_files_are_one_line(adapter, testbed_draft, tmp_path):
     shutil.copytree(adapter, folder)
     weights = (adapter / "adapter_model.safetensors").read_bytes()
     (folder / "adapter_model.safetensors").write_bytes(weights[: len(weights) - 100])
-    out = run_cli("--drafter", "testbed", "--lora", str(folder), *FAST)
+    out = run_cli("--target", "testbed-lm", "--drafter", "testbed-lm", "--lora", str(folder), *FAST)
     assert_one_line_exit_2(out, "adapter_model.safetensors is truncated or corrupt")
 
 

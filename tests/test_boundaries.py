@@ -52,7 +52,7 @@ def test_rift_dyn_is_a_rift_layout_plus_the_periodic_controller():
     from rift_ada.evaluate import build_parser, run
 
     common = ["--budget", "256", "--prompts", "2", "--input-tokens", "1024", "--max-new-tokens", "96", "--json",
-              "--per-prompt", "--drafter", "testbed"]
+              "--per-prompt", "--target", "testbed-lm", "--drafter", "testbed-lm"]
     dyn = run(build_parser().parse_args(["--policy", "rift-dyn", "--period", "32", *common]))
     ada = run(build_parser().parse_args(["--policy", "rift-ada", "--controller", "periodic:32", *common]))
     timing = ("tokens_per_second", "prefill_seconds", "rollback_ms_per_round", "policy")

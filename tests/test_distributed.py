@@ -21,7 +21,7 @@ ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "L
 ENV.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
 # Wall-clock fields of the summary: recomputed from the gathered per-round timings, so not comparable.
 TIMING = {"tokens_per_second", "prefill_seconds", "rollback_ms_per_round"}
-COMMON = ["--json", "--per-prompt", "--drafter", "testbed", "--prompts", "3", "--input-tokens", "1024",
+COMMON = ["--json", "--per-prompt", "--target", "testbed-lm", "--drafter", "testbed-lm", "--prompts", "3", "--input-tokens", "1024",
           "--max-new-tokens", "32", "--policy", "rift-dyn", "--budget", "256", "--period", "32", "--device", "cpu"]
 
 
@@ -81,7 +81,7 @@ def main(prefix):
     torch.set_num_threads(1)
     world = distributed.init("cpu")
     try:
-        pair = load_pair("testbed", "testbed")
+        pair = load_pair("testbed-lm", "testbed-lm")
         policy = make_policy("rift-dyn", 256, period=32)
         dec = SpeculativeDecoder(pair.target, pair.draft, policy.layout, temperature=1.0,
                                  eos_token_id=pair.tokenizer.eos_token_id)

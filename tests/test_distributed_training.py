@@ -24,7 +24,7 @@ SCRIPT = ROOT / "experiments" / "train_compressibility.py"
 ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
 ENV.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true")
 # 5 optimizer steps of 4 samples (global batch 4: 2 per process under torchrun) on 3 short prompts.
-SMALL = ["--train-prompts", "3", "--steps", "5", "--grad-accum", "4", "--input-tokens", "512",
+SMALL = ["--target", "testbed-lm", "--drafter", "testbed-lm", "--train-prompts", "3", "--steps", "5", "--grad-accum", "4", "--input-tokens", "512",
          "--continuation-tokens", "16", "--eval-prompts", "1", "--eval-new-tokens", "16", "--budgets", "0.25",
          "--temperatures", "0", "--checkpoint-every", "1", "--wandb-mode", "disabled"]
 # The loss curve under torchrun against one process: per-step losses within this relative tolerance (gradients are
@@ -147,7 +147,7 @@ def main(prefix):
     torch.set_num_threads(1)
     world = distributed.init("cpu")
     try:
-        pair = load_pair("testbed", "testbed")
+        pair = load_pair("testbed-lm", "testbed-lm")
         tasks = build_tasks(pair.tokenizer, "low", n=3, input_tokens=512, seed=0)
         prompts = [encode(pair.tokenizer, t.prompt) for t in tasks]
         # Sampled drafts and target continuations: each prompt's seed must follow it to whichever process takes it.

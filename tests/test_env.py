@@ -137,7 +137,7 @@ def test_subprocess_envs_step_like_one_process():
     from tests.conftest import _train_prompts
 
     prompts = tuple(tuple(p) for p in _train_prompts(2, 1024))
-    specs = [RefreshEnvSpec(prompts, CacheLayout("rift", 128), drafter="testbed", seed=i, max_new_tokens=24,
+    specs = [RefreshEnvSpec(prompts, CacheLayout("rift", 128), target="testbed-lm", drafter="testbed-lm", seed=i, max_new_tokens=24,
                             reward="time", costs=COSTS) for i in range(2)]
     one = _step_all(make_vec_env(specs), 12)  # 24 tokens: episodes end within 12 rounds, and restart
     sub = _step_all(make_vec_env(specs, subproc=True), 12)

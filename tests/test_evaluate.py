@@ -9,8 +9,8 @@ ENV = dict(os.environ, HF_HUB_OFFLINE="1")
 
 
 def test_evaluate_json_fields_and_greedy_match(testbed_draft):
-    common = ["--budget", "256", "--prompts", "2", "--input-tokens", "1024", "--max-new-tokens", "48", "--drafter",
-              "testbed"]
+    common = ["--budget", "256", "--prompts", "2", "--input-tokens", "1024", "--max-new-tokens", "48",
+              "--target", "testbed-lm", "--drafter", "testbed-lm"]
     out = run(build_parser().parse_args(["--policy", "rift-dyn", "--period", "16", *common]))
     full = run(build_parser().parse_args(["--policy", "full", "--no-greedy-check", *common]))
     for key in ("acceptance_length", "acceptance_length_by_quarter", "refreshes", "tokens_per_second",

@@ -287,7 +287,7 @@ def saved_hybrid(folder, key="qwen3_5"):
     """A tiny hybrid with the testbed's tokenizer (1,024 tokens), saved as an ordinary HuggingFace folder."""
     family(key).model(seed=0, vocab=1024).save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(TESTBED_DIR / "target" / name, folder / name)
+        shutil.copy(TESTBED_DIR / "lm-target" / name, folder / name)
     return folder
 
 

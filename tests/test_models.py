@@ -60,7 +60,7 @@ def test_device_map_auto_on_cpu_decodes_losslessly(testbed_target, testbed_draft
     from rift_ada.policies import make_policy
     from rift_ada.speculative import SpeculativeDecoder
 
-    pair = load_pair("testbed", "testbed", device_map="auto")
+    pair = load_pair("testbed-lm", "testbed-lm", device_map="auto")
     for model, plain in ((pair.target, testbed_target), (pair.draft, testbed_draft)):
         assert {p.device.type for p in model.parameters()} == {"cpu"} and model.device.type == "cpu"
         assert model.dtype == torch.float32  # the CPU default, as without a device map

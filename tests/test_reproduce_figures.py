@@ -47,14 +47,14 @@ def evaluate_json(*argv) -> dict:
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        assert main(["--json", "--no-greedy-check", "--drafter", "testbed", "--prompts", "2", "--input-tokens", "1024",
+        assert main(["--json", "--no-greedy-check", "--target", "testbed-lm", "--drafter", "testbed-lm", "--prompts", "2", "--input-tokens", "1024",
                      "--max-new-tokens", "64", *argv]) == 0
     return json.loads(buf.getvalue())
 
 
 def test_quick_run_writes_five_consistent_figures_and_one_wandb_run(tmp_path, wandb_env, capsys):
     out = tmp_path / "figs"
-    assert script().main(["--quick", "--output-dir", str(out)]) == 0
+    assert script().main(["--quick", "--target", "testbed-lm", "--drafter", "testbed-lm", "--output-dir", str(out)]) == 0
 
     for name in FIGURES:
         png = (out / f"{name}.png").read_bytes()
@@ -110,7 +110,8 @@ def test_quick_run_writes_five_consistent_figures_and_one_wandb_run(tmp_path, wa
     # --adapter: no training; the same adapter gives the same trained AL on the same prompts.
     again = tmp_path / "again"
     capsys.readouterr()
-    assert script().main(["--quick", "--adapter", str(out / "compressibility" / "adapter"), "--budgets", "0.25",
+    assert script().main(["--quick", "--target", "testbed-lm", "--drafter", "testbed-lm",
+                          "--adapter", str(out / "compressibility" / "adapter"), "--budgets", "0.25",
                           "--input-lengths", "1024", "--periods", "32", "--acc-thresholds", "0.5",
                           "--entropy-quantiles", "0.5", "--oracle-lams", "4", "--wandb-mode", "disabled",
                           "--output-dir", str(again)]) == 0

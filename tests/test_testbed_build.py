@@ -19,7 +19,7 @@ ENV = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
 
 
 def build(out, work, *extra, wait=True):
-    cmd = [sys.executable, str(ROOT / "experiments" / "build_testbed.py"), "--quick", "--no-check", "--threads", "1",
+    cmd = [sys.executable, str(ROOT / "experiments" / "build_testbed.py"), "--quick", "--no-compose", "--threads", "1",
            "--output-dir", str(out), "--work-dir", str(work), *extra]
     if not wait:
         return subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -29,7 +29,7 @@ def build(out, work, *extra, wait=True):
 
 
 def digests(folder):
-    return {role: hashlib.sha256((Path(folder) / role / "model.safetensors").read_bytes()).hexdigest()
+    return {role: hashlib.sha256((Path(folder) / f"lm-{role}" / "model.safetensors").read_bytes()).hexdigest()
             for role in ("target", "draft")}
 
 
@@ -42,7 +42,7 @@ def test_build_resumes_bit_for_bit(tmp_path):
 
     # Stopped at a stage boundary, then resumed.
     build(tmp_path / "b", tmp_path / "wb", "--stop-after-stage", "0")
-    assert not (tmp_path / "b" / "target").exists() and (tmp_path / "wb" / "stage-0" / "done.json").is_file()
+    assert not (tmp_path / "b" / "lm-target").exists() and (tmp_path / "wb" / "stage-0" / "done.json").is_file()
     build(tmp_path / "b", tmp_path / "wb", "--resume")
     assert digests(tmp_path / "b") == reference
 
@@ -55,9 +55,34 @@ def test_build_resumes_bit_for_bit(tmp_path):
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert not (tmp_path / "c" / "target").exists()
+    assert not (tmp_path / "c" / "lm-target").exists()
     build(tmp_path / "c", work, "--resume")
     assert digests(tmp_path / "c") == reference
+
+
+@pytest.mark.slow
+def test_quick_build_runs_through_composition_and_check(tmp_path):
+    """The --quick recipe end to end: trained models, the copier's settings with pinned checksums, the composed pair
+    (in its own cache) and the testbed check on it."""
+    from rift_ada.testbed.composed import composed_folder, read_settings, weights_sha256
+    from rift_ada.models import load_model
+
+    env = dict(ENV, RIFT_ADA_CACHE=str(tmp_path / "cache"))
+    cmd = [sys.executable, str(ROOT / "experiments" / "build_testbed.py"), "--quick", "--threads", "1",
+           "--output-dir", str(tmp_path / "out"), "--work-dir", str(tmp_path / "work")]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "target_copy_accuracy" in res.stdout and "draft_agreement" in res.stdout  # the check's report
+    settings = read_settings(tmp_path / "out")
+    assert set(settings["composed_sha256"]) == {"target", "draft"} and len(settings["calibration"]) == 4
+    os.environ["RIFT_ADA_CACHE"] = env["RIFT_ADA_CACHE"]
+    try:
+        for role in ("target", "draft"):
+            folder = composed_folder(role, tmp_path / "out")
+            assert folder.parent == tmp_path / "cache"  # composed by the build, found again here
+            assert weights_sha256(load_model(str(folder))) == settings["composed_sha256"][role]
+    finally:
+        del os.environ["RIFT_ADA_CACHE"]
 
 
 def test_build_refuses_to_overwrite_a_build_without_resume(tmp_path):

@@ -9,7 +9,7 @@ from rift_ada.evaluate import build_parser, run
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "train_compressibility.py"
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", WANDB_SILENT="true")
-SMALL = ["--train-prompts", "2", "--steps", "3", "--grad-accum", "1", "--input-tokens", "1024",
+SMALL = ["--target", "testbed-lm", "--drafter", "testbed-lm", "--train-prompts", "2", "--steps", "3", "--grad-accum", "1", "--input-tokens", "1024",
          "--continuation-tokens", "16", "--eval-prompts", "1", "--eval-new-tokens", "16", "--budgets", "0.25",
          "--temperatures", "0", "--checkpoint-every", "1"]
 
@@ -30,7 +30,7 @@ def test_small_run_then_adapter_in_evaluate(tmp_path):
     assert (out / "adapter" / "adapter_config.json").is_file() and (out / "targets" / "meta.json").is_file()
     assert list((out / "wandb").glob("offline-run-*"))
     for merge in ([], ["--lora-merge"]):
-        args = build_parser().parse_args(["--drafter", "testbed", "--lora", str(out / "adapter"), "--prompts", "1",
+        args = build_parser().parse_args(["--target", "testbed-lm", "--drafter", "testbed-lm", "--lora", str(out / "adapter"), "--prompts", "1",
                                           "--input-tokens", "1024", "--max-new-tokens", "24", *merge])
         assert run(args)["target_greedy_match"] == 1.0
     # The stored target outputs are reused, and a finished run resumes to nothing new.

@@ -1,1 +1,2 @@
-"""The built-in testbed: a BPE tokenizer and a target/draft pair trained on Python source, in HF format (assets/)."""
+"""The built-in testbed: a BPE tokenizer, a target/draft pair trained on Python source (assets/lm-*), and the
+disclosed copier composed beside them at load (composed.py, circuit.py)."""

@@ -1,0 +1,198 @@
+"""The shipped testbed pair: two trained language models, with the disclosed copier composed beside them at load.
+
+What is stored (``assets/``): the trained target and draft (``lm-target/``, ``lm-draft/``: plain HF Llamas trained
+from random initialisation, nothing hand-set; ``experiments/build_testbed.py``) and ``circuit.json``, the copier's
+settings (one :class:`~rift_ada.testbed.circuit.CopyCircuit` per role), the calibration text it reads the trained
+residual's scale and the tokens' rarity from (token ids, so the composition does not depend on the interpreter's
+standard library), and the SHA-256 of the composed weights. What is derived: the composed pair
+(:func:`~rift_ada.testbed.circuit.compose`), written once into a cache folder and loaded from there with
+``from_pretrained`` like any other checkpoint. The composed weights are never committed: they are ~90% zeros and
+several times the size of what they are built from.
+
+Names (``rift_ada.models.resolve``): ``testbed`` / ``testbed-target`` and ``testbed-draft`` give the composed pair;
+``testbed-lm`` / ``testbed-lm-target`` and ``testbed-lm-draft`` the trained pair alone, so a reader can see which
+results depend on the hand-set copier.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import torch
+
+from .circuit import CopyCircuit, compose, sort_labels
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+LM_FOLDERS = {"target": "lm-target", "draft": "lm-draft"}
+SETTINGS = "circuit.json"
+# The copier composed beside each trained model by experiments/build_testbed.py (the settings a build stores). The
+# target also follows the sort family's order line (label_dim). The draft's head_dim of 48 leaves 48 non-turning
+# dims: two near windows and a far one of 6-dim codes (the far window took its greedy copy on networkx's held-out
+# code from 0.68 to 0.80; on the target it cost the sort family's passage starts, docs/testbed.md).
+CIRCUITS = {"target": CopyCircuit(label_dim=16),
+            "draft": CopyCircuit(windows=((4, 12), (12, 40)), far_windows=((40, 120),), match_dim=6)}
+# Code whose change changes the composed weights: part of the cache key.
+_SOURCES = (Path(__file__).resolve().parent / "circuit.py", Path(__file__).resolve())
+
+
+def cache_root() -> Path:
+    """Where composed pairs are kept: ``$RIFT_ADA_CACHE``, else ``$XDG_CACHE_HOME/rift_ada`` (``~/.cache``)."""
+    if os.environ.get("RIFT_ADA_CACHE"):
+        return Path(os.environ["RIFT_ADA_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "rift_ada"
+
+
+def lm_folder(role: str, assets: Path = ASSETS) -> Path:
+    return Path(assets) / LM_FOLDERS[role]
+
+
+def read_settings(assets: Path = ASSETS) -> dict:
+    path = Path(assets) / SETTINGS
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: rebuild the testbed with `python experiments/build_testbed.py`")
+    return json.loads(path.read_text())
+
+
+def circuit_of(settings: dict, role: str) -> CopyCircuit:
+    """The role's CopyCircuit from its JSON form (lists back to the dataclass's tuples)."""
+    raw = settings["circuits"][role]
+    names = {f.name for f in fields(CopyCircuit)}
+    if set(raw) - names:
+        raise ValueError(f"{SETTINGS}: unknown circuit settings {sorted(set(raw) - names)} for the {role}")
+    kw = {k: tuple(tuple(w) for w in v) if k == "windows" else tuple(v) if isinstance(v, list) else v
+          for k, v in raw.items()}
+    return CopyCircuit(**kw)
+
+
+def write_settings(assets: Path, circuits: dict[str, CopyCircuit], calibration: list[list[int]],
+                   seed: int = 0) -> None:
+    """``circuit.json`` for the trained models in ``assets`` (the composed checksums are added by
+    :func:`pin_checksums` once the pair is composed)."""
+    settings = {"about": "settings of the hand-set copier composed beside the trained models at load "
+                         "(rift_ada/testbed/composed.py); calibration: token ids of plain training-split code",
+                "seed": seed, "circuits": {role: asdict(c) for role, c in circuits.items()},
+                "calibration": calibration, "composed_sha256": {}}
+    (Path(assets) / SETTINGS).write_text(json.dumps(settings, indent=1) + "\n")
+
+
+def weights_sha256(model) -> str:
+    """SHA-256 over a model's state dict (names, dtypes, shapes and bytes, in name order)."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+@torch.no_grad()
+def compose_role(role: str, assets: Path = ASSETS):
+    """The composed ``role`` model (float32, CPU, eval mode), built from the stored trained model and settings."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    settings = read_settings(assets)
+    folder = lm_folder(role, assets)
+    lm = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    circuit = circuit_of(settings, role)
+    labels = sort_labels(AutoTokenizer.from_pretrained(folder)) if circuit.label_dim else None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # reductions split over threads round differently: one thread, the same bits always
+    try:
+        return compose(lm, circuit, settings["calibration"], seed=settings["seed"], labels=labels)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def pin_checksums(assets: Path = ASSETS) -> dict:
+    """Compose both roles (into the cache) and record their checksums in ``circuit.json``; returns them."""
+    from transformers import LlamaForCausalLM
+
+    sums = {}
+    for role in LM_FOLDERS:
+        with _quiet():
+            sums[role] = weights_sha256(LlamaForCausalLM.from_pretrained(composed_folder(role, assets)))
+    settings = read_settings(assets)
+    settings["composed_sha256"] = sums
+    (Path(assets) / SETTINGS).write_text(json.dumps(settings, indent=1) + "\n")
+    return sums
+
+
+def _fingerprint(role: str, assets: Path) -> str:
+    """What the composed weights depend on: torch, the trained model, the settings (less the checksums they
+    record) and the code that composes."""
+    h = hashlib.sha256(torch.__version__.encode())
+    settings = {k: v for k, v in read_settings(assets).items() if k != "composed_sha256"}
+    h.update(json.dumps(settings, sort_keys=True).encode())
+    folder = lm_folder(role, assets)
+    for path in [folder / "config.json", folder / "model.safetensors", *_SOURCES]:
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``path`` (test workers and torchrun ranks may all ask for the pair at once)."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def composed_folder(role: str, assets: Path = ASSETS) -> Path:
+    """A HuggingFace folder holding the composed ``role`` model and the tokenizer: composed on first use (about
+    ten seconds on 2 cores), then reused while the stored models, settings and circuit code are unchanged."""
+    if role not in LM_FOLDERS:
+        raise ValueError(f"role must be one of {', '.join(LM_FOLDERS)}")
+    if not (lm_folder(role, assets) / "config.json").is_file():
+        raise FileNotFoundError(f"the trained testbed {role} is missing at {lm_folder(role, assets)}; rebuild it "
+                                "with `python experiments/build_testbed.py`")
+    name = f"testbed-{role}-{_fingerprint(role, assets)}"
+    out = cache_root() / name
+    if (out / "config.json").is_file():
+        return out
+    with _locked(cache_root() / f".{name}.lock"):
+        if (out / "config.json").is_file():  # another process composed it while this one waited
+            return out
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache_root()))
+        tmp.chmod(0o755)
+        try:
+            with _quiet():
+                compose_role(role, assets).save_pretrained(tmp)
+            for f in lm_folder(role, assets).glob("tokenizer*"):
+                shutil.copy(f, tmp / f.name)
+            os.replace(tmp, out)  # atomic: a reader sees the whole folder or none
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+@contextlib.contextmanager
+def _quiet():
+    """No transformers progress bars while composing: a command's stderr stays its own (one-line errors)."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+__all__ = ["ASSETS", "CIRCUITS", "LM_FOLDERS", "cache_root", "circuit_of", "compose_role", "composed_folder",
+           "pin_checksums",
+           "read_settings", "weights_sha256", "write_settings"]

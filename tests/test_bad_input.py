@@ -259,10 +259,10 @@ def test_fingerprint_is_exact_and_thread_independent(testbed_draft):
 
 def test_adapter_loads_on_its_base_and_is_refused_elsewhere(adapter, testbed_draft, testbed_target):
     lora.load_drafter(testbed_draft, adapter)
-    lora.load_drafter(load_model("testbed-draft", dtype="bfloat16"), adapter)  # the same checkpoint, in bf16
+    lora.load_drafter(load_model("testbed-lm-draft", dtype="bfloat16"), adapter)  # the same checkpoint, in bf16
     with pytest.raises(ValueError) as e:
         lora.load_drafter(testbed_target, adapter)
-    one_line(e.value, "another base model", "hidden_size 128 (adapter) vs 256 (given)")
+    one_line(e.value, "another base model", "hidden_size 192 (adapter) vs 256 (given)")
     same_shape = copy.deepcopy(testbed_draft)
     with torch.no_grad():
         same_shape.get_input_embeddings().weight[0, 0] += 1e-3  # one weight differs: a float sum could miss it

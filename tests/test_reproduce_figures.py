@@ -62,7 +62,7 @@ def test_quick_run_writes_five_consistent_figures_and_one_wandb_run(tmp_path, wa
         assert len(read(out, name)) >= 3, name
     summary = (out / "summary.md").read_text()
     assert summary.count("\n|---") == 5, "one markdown table per figure"
-    assert all(f"({name}.png)" in summary for name in FIGURES) and "copying circuit" in summary
+    assert all(f"({name}.png)" in summary for name in FIGURES) and "not a claim about real LMs" in summary
 
     f1 = {r["policy"]: r for r in read(out, "fig1_al_by_quarter")}
     f2 = {(r["draft"], r["policy"], num(r["budget_fraction"])): r for r in read(out, "fig2_al_by_budget")}

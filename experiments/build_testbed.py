@@ -91,7 +91,8 @@ def hardware() -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--output-dir", default=str(TESTBED_DIR), help="where the trained lm-target/ and lm-draft/ folders and circuit.json go")
+    p.add_argument("--output-dir", default=str(TESTBED_DIR),
+                   help="where the trained lm-target/ and lm-draft/ folders and circuit.json go")
     p.add_argument("--work-dir", default="build/testbed", help="checkpoints and finished stages (default: %(default)s)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint or finished stage")
     p.add_argument("--quick", action="store_true", help="a few steps per stage (smoke tests; not a usable pair)")

@@ -30,15 +30,11 @@ def resolve(name_or_path: str | os.PathLike) -> str:
     """Map the testbed's short names to their folders; check that a local-looking path exists."""
     name = str(name_or_path)
     if name in TESTBED_NAMES or name in TESTBED_LM_NAMES:
-        from .testbed.composed import composed_folder, lm_folder
+        from .testbed.composed import composed_folder, trained_folder
 
         try:
             if name in TESTBED_LM_NAMES:
-                folder = lm_folder(TESTBED_LM_NAMES[name])
-                if not (folder / "config.json").is_file():
-                    raise FileNotFoundError(f"the testbed model {name!r} is missing at {folder}; rebuild it with "
-                                            "`python experiments/build_testbed.py`")
-                return str(folder)
+                return str(trained_folder(TESTBED_LM_NAMES[name]))
             return str(composed_folder(TESTBED_NAMES[name]))
         except (OSError, ValueError) as e:
             raise ModelLoadError(first_line(e)) from None

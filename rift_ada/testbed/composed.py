@@ -17,6 +17,7 @@ results depend on the hand-set copier.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -53,6 +54,15 @@ def lm_folder(role: str, assets: Path = ASSETS) -> Path:
     return Path(assets) / LM_FOLDERS[role]
 
 
+def trained_folder(role: str, assets: Path = ASSETS) -> Path:
+    """The trained ``role`` model's folder; FileNotFoundError (one line) if the build never wrote it."""
+    folder = lm_folder(role, assets)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"the trained testbed {role} is missing at {folder}; rebuild it with "
+                                "`python experiments/build_testbed.py`")
+    return folder
+
+
 def read_settings(assets: Path = ASSETS) -> dict:
     path = Path(assets) / SETTINGS
     if not path.is_file():
@@ -66,8 +76,8 @@ def circuit_of(settings: dict, role: str) -> CopyCircuit:
     names = {f.name for f in fields(CopyCircuit)}
     if set(raw) - names:
         raise ValueError(f"{SETTINGS}: unknown circuit settings {sorted(set(raw) - names)} for the {role}")
-    kw = {k: tuple(tuple(w) for w in v) if k == "windows" else tuple(v) if isinstance(v, list) else v
-          for k, v in raw.items()}
+    kw = {k: tuple(tuple(w) for w in v) if k in ("windows", "far_windows") else tuple(v) if isinstance(v, list)
+          else v for k, v in raw.items()}
     return CopyCircuit(**kw)
 
 
@@ -126,12 +136,20 @@ def pin_checksums(assets: Path = ASSETS) -> dict:
 
 def _fingerprint(role: str, assets: Path) -> str:
     """What the composed weights depend on: torch, the trained model, the settings (less the checksums they
-    record) and the code that composes."""
-    h = hashlib.sha256(torch.__version__.encode())
-    settings = {k: v for k, v in read_settings(assets).items() if k != "composed_sha256"}
-    h.update(json.dumps(settings, sort_keys=True).encode())
+    record) and the code that composes. Hashed once per state of those files (one load resolves a name several
+    times)."""
     folder = lm_folder(role, assets)
-    for path in [folder / "config.json", folder / "model.safetensors", *_SOURCES]:
+    paths = (folder / "config.json", folder / "model.safetensors", Path(assets) / SETTINGS, *_SOURCES)
+    return _hash_inputs(paths, tuple((p.stat().st_mtime_ns, p.stat().st_size) for p in paths))
+
+
+@functools.lru_cache(maxsize=16)
+def _hash_inputs(paths: tuple, stamps: tuple) -> str:
+    h = hashlib.sha256(torch.__version__.encode())
+    settings_path = paths[2]
+    settings = {k: v for k, v in json.loads(settings_path.read_text()).items() if k != "composed_sha256"}
+    h.update(json.dumps(settings, sort_keys=True).encode())
+    for path in paths[:2] + paths[3:]:
         h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
@@ -156,9 +174,7 @@ def composed_folder(role: str, assets: Path = ASSETS) -> Path:
     ten seconds on 2 cores), then reused while the stored models, settings and circuit code are unchanged."""
     if role not in LM_FOLDERS:
         raise ValueError(f"role must be one of {', '.join(LM_FOLDERS)}")
-    if not (lm_folder(role, assets) / "config.json").is_file():
-        raise FileNotFoundError(f"the trained testbed {role} is missing at {lm_folder(role, assets)}; rebuild it "
-                                "with `python experiments/build_testbed.py`")
+    trained_folder(role, assets)
     name = f"testbed-{role}-{_fingerprint(role, assets)}"
     out = cache_root() / name
     if (out / "config.json").is_file():
@@ -194,5 +210,4 @@ def _quiet():
 
 
 __all__ = ["ASSETS", "CIRCUITS", "LM_FOLDERS", "cache_root", "circuit_of", "compose_role", "composed_folder",
-           "pin_checksums",
-           "read_settings", "weights_sha256", "write_settings"]
+           "lm_folder", "pin_checksums", "read_settings", "trained_folder", "weights_sha256", "write_settings"]

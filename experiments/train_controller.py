@@ -50,7 +50,7 @@ from rift_ada.trainers.state import atomic_write, config_of, open_state, write_j
 
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_options(p, device_map=True)
+    add_model_options(p, drafter="testbed", device_map=True)  # an external draft, as in the paper's RIFT-ada setting
     add_cache_options(p, policy=None)  # a RIFT layout; the controllers are what is learned
     add_decoding_options(p)
     add_runtime_options(p)

@@ -145,3 +145,41 @@ def test_labels_follow_the_order_line_not_the_prompt(lm_testbed_vocab, tokenizer
 def test_label_circuit_needs_the_labels(lm_testbed_vocab):
     with pytest.raises(ValueError, match="sort_labels"):
         compose(lm_testbed_vocab, CopyCircuit(**SPEC, label_dim=16), _calibration())
+
+
+@torch.no_grad()
+def test_far_gate_switches_the_far_window_off_after_a_sort_header(lm_testbed_vocab, tokenizer):
+    """On a real sort prompt over a random model: FAROFF (read entering layer 1, where the match head reads the far
+    window) is on within ~110 tokens after each header's 'age' and off more than 125 tokens after any, and the far
+    query window is mostly cancelled where it is on (the gate cannot be exact: every read scales with the position's
+    residual RMS)."""
+    from rift_ada.data.corpus import load_corpus
+    from rift_ada.data.tasks import build_tasks, encode
+    from rift_ada.testbed.check import code_windows
+    from rift_ada.testbed.circuit import residual_columns, sort_labels
+
+    labels = sort_labels(tokenizer)
+    task = build_tasks(tokenizer, "sort", n=1, input_tokens=1024, seed=0)[0]
+    plain = code_windows(tokenizer, load_corpus(split="eval"), 1, 400)[0]  # code first: the gate must stay off there
+    ids = plain + encode(tokenizer, task.prompt) + encode(tokenizer, task.reference)[:200]
+    ages = [t for t, x in enumerate(ids) if x == labels.age_tok]
+    spec = dict(SPEC, match_dim=6, label_dim=16, windows=((4, 8), (8, 16), (16, 40)), far_windows=((40, 120),))
+    seen = {}
+    for gate in (True, False):
+        circuit = CopyCircuit(**spec, far_gate=gate)
+        model = compose(lm_testbed_vocab, circuit, _calibration(), labels=labels)
+        hook = model.model.layers[1].register_forward_pre_hook(
+            lambda m, a, kw: seen.__setitem__(gate, (a[0] if a else kw["hidden_states"])[0]), with_kwargs=True)
+        model(torch.tensor([ids]))
+        hook.remove()
+    cols = residual_columns(lm_testbed_vocab, CopyCircuit(**spec, far_gate=True))
+    res = seen[True]
+    since = torch.tensor([min((t - a for a in ages if a < t), default=10_000) for t in range(len(ids))])
+    on, off = (since >= 1) & (since <= 110), since > 125
+    assert on.sum() > 200 and off.sum() > 200
+    flag = res[:, cols.FAROFF] / res[:, cols.CONST]
+    assert flag[on].min() > 0.5 and flag[off].abs().max() < 0.1
+    far = cols.slot[-1]  # the far query window's slot (query windows come last)
+    norm = lambda r: r[:, far:far + spec["match_dim"]].norm(dim=-1)  # noqa: E731
+    assert (norm(res)[on] / norm(seen[False])[on]).median() < 0.3
+    assert torch.allclose(norm(res)[off], norm(seen[False])[off], rtol=0.05)

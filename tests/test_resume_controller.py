@@ -14,9 +14,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "train_controller.py"
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", WANDB_SILENT="true")
-TINY = ["--target", "testbed-lm", "--train-prompts", "2", "--eval-prompts", "1", "--input-tokens", "512", "--budget", "64", "--draft-length", "4",
+TINY = ["--target", "testbed-lm", "--drafter", "testbed-lm", "--train-prompts", "2", "--eval-prompts", "1",
+        "--input-tokens", "512", "--budget", "64", "--draft-length", "4",
         "--max-new-tokens", "48", "--ppo-timesteps", "64", "--lams", "1", "--periods", "16", "--acc-thresholds", "0.5",
-        "--logistic-thresholds", "0.5", "--horizon", "2", "--label-margin", "0"]
+        "--logistic-thresholds", "0.5", "--horizon", "2", "--label-margin", "0", "--oracle-lams", "1",
+        "--entropy-quantiles", "0.5"]
 
 
 def job(out, *extra, timeout=600):

@@ -40,24 +40,21 @@ def test_build_resumes_bit_for_bit(tmp_path):
     log = json.loads((tmp_path / "a" / "training_log.json").read_text())
     assert log["initialisation"].startswith("random") and len(log["stage_seconds"]) == len(log["recipe"])
 
-    # Stopped at a stage boundary, then resumed.
-    build(tmp_path / "b", tmp_path / "wb", "--stop-after-stage", "0")
-    assert not (tmp_path / "b" / "lm-target").exists() and (tmp_path / "wb" / "stage-0" / "done.json").is_file()
-    build(tmp_path / "b", tmp_path / "wb", "--resume")
-    assert digests(tmp_path / "b") == reference
-
-    # Killed in the middle of a stage (a checkpoint after every step), then resumed.
-    work = tmp_path / "wc"
-    proc = build(tmp_path / "c", work, "--checkpoint-minutes", "0", wait=False)
+    # Stopped at a stage boundary, resumed and killed in the middle of the next stage (a checkpoint after every
+    # step), then resumed again: both resume paths in one chain of builds.
+    work = tmp_path / "wb"
+    build(tmp_path / "b", work, "--stop-after-stage", "0")
+    assert not (tmp_path / "b" / "lm-target").exists() and (work / "stage-0" / "done.json").is_file()
+    proc = build(tmp_path / "b", work, "--resume", "--checkpoint-minutes", "0", wait=False)
     deadline = time.time() + 300
-    while not ((work / "stage-0" / "done.json").is_file() and (work / "checkpoint.pt").is_file()):
+    while not (work / "checkpoint.pt").is_file():
         assert proc.poll() is None and time.time() < deadline, "the build ended before it could be interrupted"
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert not (tmp_path / "c" / "lm-target").exists()
-    build(tmp_path / "c", work, "--resume")
-    assert digests(tmp_path / "c") == reference
+    assert not (tmp_path / "b" / "lm-target").exists() and not (work / "stage-1" / "done.json").is_file()
+    build(tmp_path / "b", work, "--resume")
+    assert digests(tmp_path / "b") == reference
 
 
 @pytest.mark.slow

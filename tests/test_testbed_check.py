@@ -26,7 +26,8 @@ def test_copy_accuracy_counts_positions():
 
 
 def test_check_cli_json_fields():
-    out = cli("check", "--json", "--prompts", "2", "--new-tokens", "24", "--input-tokens", "1024")
+    out = cli("check", "--json", "--prompts", "2", "--new-tokens", "24", "--input-tokens", "1024",
+              "--family-prompts", "1", "--code-windows", "2")
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
     assert set(res) >= {"target_copy_accuracy", "draft_copy_accuracy", "draft_agreement", "prompts"}

@@ -12,7 +12,8 @@ ENV = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", WANDB_SILENT="t
 
 def test_main_job_small_run_writes_wandb_offline_table_and_outputs(tmp_path):
     out = tmp_path / "run"
-    args = ["--target", "testbed-lm", "--train-prompts", "3", "--eval-prompts", "2", "--input-tokens", "1024", "--budget", "128",
+    args = ["--target", "testbed-lm", "--drafter", "testbed-lm", "--train-prompts", "3", "--eval-prompts", "2",
+            "--input-tokens", "512", "--budget", "64",
             "--max-new-tokens", "64", "--ppo-timesteps", "256", "--lams", "0.5", "--periods", "16", "32",
             "--acc-thresholds", "0.5", "--logistic-thresholds", "0.5", "--horizon", "3", "--label-every", "1",
             "--label-margin", "0", "--entropy-quantiles", "0.5", "--learners", "ppo,dqn", "--dqn-timesteps", "128",

@@ -97,6 +97,11 @@ class CopyCircuit:
     # the gate, which must open there, ignores them.
     far_windows: tuple = ()
     far_weight: float = 0.5
+    # Far windows off for ~120 tokens after a sort header (needs label_dim): there the query's far context is the
+    # previous passage in the *requested* order, unrelated to the source's, and its noise flips passage starts
+    # (target sort 0.763 -> 0.704 with an ungated far window). The flag counts 'age' tokens (of "# passage") at
+    # offsets 1..119 through the positional heads; in plain code 'age' is rare (one token in ~3,000).
+    far_gate: bool = False
     # The composite's head_dim is 2d + extra_head_dims (even): its non-turning dims (head_dim - d) hold every slot's
     # match code, so more windows, or wider codes, need more of them.
     extra_head_dims: int = 0
@@ -278,6 +283,9 @@ class _Residual:
     SF: int | None = None
     SFC: int | None = None
     F_HASH: int | None = None
+    FARH: int | None = None  # far gate (far_gate): 'age' tokens within the positional heads' offsets, the flag
+    FAROFF: int | None = None  # (0 or ~1) that switches the far windows off, and their keys' squared norm
+    NSQF: int | None = None
     OM: int | None = None
     ORDM: int | None = None
     LID: int | None = None
@@ -315,6 +323,9 @@ def _residual(h: int, circuit: CopyCircuit, n_offsets: int) -> _Residual:
         label["U2"] = label["CL"] + ld
         label["W2"] = label["U2"] + od
         used = label["W2"] + od
+    if circuit.far_gate:
+        label.update(FARH=used, FAROFF=used + 1, NSQF=used + 2)
+        used += 3
     return _Residual(CONST=CONST, M=M, WIN=WIN, S=S, U=U, slot=slot, NSQ=NSQ, CBAR=CBAR, G=G, V=V, used=used,
                      k_src=slot[:ex + nw], q_src=(M,) + slot[:ex - 1] + slot[ex + nw:], **label)
 
@@ -393,6 +404,8 @@ def _check(cfg, circuit: CopyCircuit, labels: SortLabels | None) -> None:
     ld = circuit.label_dim
     if ld and labels is None:
         raise ValueError("a circuit with label_dim needs labels=sort_labels(tokenizer)")
+    if circuit.far_gate and not (ld and circuit.far_windows and circuit.slots() * md + 2 <= free):
+        raise ValueError("far_gate needs label_dim, far_windows and two spare non-turning head dims")
     if ld and (ex < 3 or nw < 1 or od + ld > hd or md + 4 + ld > hd or (ex + 1) * md + ld > free or
                circuit.slots() * md >= free):
         raise ValueError("label_dim needs exact >= 3 and label_dim + out_dim, label_dim + match_dim + 2 <= head_dim")
@@ -424,7 +437,8 @@ def _wider_config(cfg, circuit: CopyCircuit, res: _Residual, ckv: int):
     theta = cfg.rope_parameters["rope_theta"]
     H = -(-res.used // (nq + cq)) * (nq + cq)  # Llama's config wants a multiple of the head count; the rest stays 0
     # MLP neurons of the circuit per layer (window norms + header flags | agreement | gates | label carry)
-    extra = max(nw * md + 1 + (8 if ld else 0), circuit.slots() * md + 3, 2 * od + (2 * od + 4 * ld if ld else 0),
+    far = 3 + 2 * md * len(circuit.far_windows) if circuit.far_gate else 0  # the far gate's layer-0 neurons
+    extra = max(nw * md + 1 + (8 if ld else 0) + far, circuit.slots() * md + 3, 2 * od + (2 * od + 4 * ld if ld else 0),
                 3 * ld + 2 * od)
     hd = 2 * d + circuit.extra_head_dims
     # longrope turns pair g at 1 / (factor_g theta^(2g / hd)): factor_g = theta^(2g/d - 2g/hd) turns it as in lm
@@ -499,6 +513,13 @@ def compose(lm, circuit: CopyCircuit, calibration: list[list[int]], seed: int = 
     _unembedding(ctx, u_code, label_codes, labels)
     model.eval()
     return model
+
+
+def residual_columns(lm, circuit: CopyCircuit) -> _Residual:
+    """Where ``compose(lm, circuit, ...)`` puts each of the circuit's residual columns (to inspect a composite's
+    flags, e.g. ``FAROFF``)."""
+    offsets, _, _ = _positional_heads(circuit, lm.config.num_attention_heads // lm.config.num_key_value_heads)
+    return _residual(lm.config.hidden_size, circuit, len(offsets))
 
 
 def _attend_offsets(ctx: _Ctx, attn, q_head: int, kv_head: int, lo: int, hi: int) -> None:
@@ -646,6 +667,10 @@ def _layer0_positional(ctx: _Ctx) -> None:
         attn.o_proj.weight[r.slot[s] + md_, ctx.rows(q_head, md_)] = a * math.sqrt(hi - lo + 1)
         if c.label_dim and s < 3:
             _layer0_header_taps(ctx, attn, s, q_head, kv_head)
+        if c.far_gate and (s < c.exact or s >= c.exact + len(c.all_windows)):  # offsets 1..ex and query windows
+            # 'age' at v dim md + 1 (as the header taps read it); n x the head's mean over its span is a count
+            attn.v_proj.weight[ctx.rows(kv_head, torch.tensor([c.match_dim + 1])), r.QA] = 1.0
+            attn.o_proj.weight[r.FARH, ctx.rows(q_head, torch.tensor([c.match_dim + 1]))] = a * (hi - lo + 1)
 
 
 def _layer0_header_taps(ctx: _Ctx, attn, s: int, q_head: int, kv_head: int) -> None:
@@ -676,16 +701,24 @@ def _layer0_window_norms(ctx: _Ctx) -> None:
     HFS at a two-token label's first token (QS = 3), HL at a header's label (HLR = 2), ORDM at the order line's
     start (OM = 2)."""
     r, c, mlp = ctx.res, ctx.circuit, ctx.model.model.layers[0].mlp
-    ex, md = c.exact, c.match_dim
-    n0 = _products(ctx, mlp, [({col: 1.0}, {col: w})
-                              for s, w in zip(range(ex, ex + len(c.all_windows)), c.window_weights())
-                              for col in range(r.slot[s], r.slot[s] + md)],
-                   r.NSQ, ctx.a / _NSQ_SHRINK)
+    ex, md, nw = c.exact, c.match_dim, len(c.all_windows)
+    wins = list(zip(range(ex, ex + nw), c.window_weights()))
+    # With the far gate the far windows' norms go to NSQF, which the match head reads only where the gate is open.
+    parts = [(wins[:len(c.windows)], r.NSQ), (wins[len(c.windows):], r.NSQF)] if c.far_gate else [(wins, r.NSQ)]
+    n0 = None
+    for part, out in parts:
+        n0 = _products(ctx, mlp, [({col: 1.0}, {col: w}) for s, w in part for col in range(r.slot[s], r.slot[s] + md)],
+                       out, ctx.a / _NSQ_SHRINK, start=n0)
     if c.label_dim:
         n0 = _clamp(ctx, mlp, n0, {r.QA: 1.0}, 1.2, 1.8, {r.CONST: 1.0}, r.HFA)
         n0 = _clamp(ctx, mlp, n0, {r.QS: 1.0}, 2.2, 2.8, {r.CONST: 1.0}, r.HFS)
         n0 = _clamp(ctx, mlp, n0, {r.HLR: 1.0}, 1.1, 1.5, {r.CONST: 1.0}, r.HL)
-        _clamp(ctx, mlp, n0, {r.OM: 1.0}, 1.2, 1.8, {r.CONST: 1.0}, r.ORDM)
+        n0 = _clamp(ctx, mlp, n0, {r.OM: 1.0}, 1.2, 1.8, {r.CONST: 1.0}, r.ORDM)
+    if c.far_gate:  # FAROFF = [an 'age' within offsets 1..119]; the far query windows are cancelled there
+        n0 = _clamp(ctx, mlp, n0, {r.FARH: 1.0}, 0.3, 0.7, {r.CONST: 1.0}, r.FAROFF)
+        for w in range(len(c.windows), nw):
+            for col in range(r.slot[ex + nw + w], r.slot[ex + nw + w] + md):
+                n0 = _clamp(ctx, mlp, n0, {r.FARH: 1.0}, 0.3, 0.7, {col: 1.0}, col, gain=-1.0)
 
 
 def _layer1_match_heads(ctx: _Ctx) -> None:
@@ -713,6 +746,11 @@ def _layer1_match_heads(ctx: _Ctx) -> None:
         spare = torch.tensor([free[c.slots() * md]])
         attn.q_proj.weight[rows(match_q, spare), r.CONST] = -100.0 * math.sqrt(hd)
         attn.k_proj.weight[rows(match_kv, spare), r.ORDM] = 1.0
+    if c.far_gate:  # the far windows' -|key|^2 / 2, off where FAROFF is
+        nsqf = torch.tensor([free[c.slots() * md + 1]])
+        attn.q_proj.weight[rows(match_q, nsqf), r.CONST] = -0.5 * c.sharpness * math.sqrt(hd)
+        attn.q_proj.weight[rows(match_q, nsqf), r.FAROFF] = 0.5 * c.sharpness * math.sqrt(hd)
+        attn.k_proj.weight[rows(match_kv, nsqf), r.NSQF] = _NSQ_SHRINK
     attn.q_proj.weight[rows(twin_q, torch.arange(hd))] = attn.q_proj.weight[rows(match_q, torch.arange(hd))]
     attn.k_proj.weight[rows(twin_kv, torch.arange(hd))] = attn.k_proj.weight[rows(match_kv, torch.arange(hd))]
     attn.v_proj.weight[rows(match_kv, torch.arange(od)), r.S + torch.arange(od)] = 1.0

@@ -35,7 +35,7 @@ from rift_ada.policies import POLICIES, make_policy
 from rift_ada.refresh import PeriodicController, ThresholdController
 from rift_ada.speculative import SpeculativeDecoder
 from rift_ada.states import StateLayer
-from tests.conftest import feed
+from tests.conftest import SCRIPT, SCRIPT_K, feed, recompute, script_tokens, scripted_draft
 from tests.test_sampling import K, NEW_TOKENS, VOCAB, check_rift_dyn_sampling
 
 HYBRIDS = ["qwen3_5", "nemotron_h"]
@@ -171,47 +171,37 @@ def assert_same(ours, theirs, atol=0.0, rtol=0.0):
             torch.testing.assert_close(x, y, atol=atol, rtol=rtol)
 
 
-def recompute(m, chunks, record_past=False):
-    """The model's own cache fed ``chunks`` one forward each; ``record_past`` as the decoder's target cache (its
-    conv states take the recorded path) and trimmed after each forward as the decoder trims it."""
-    cache = DynamicCache(config=m.config)
-    for i, chunk in enumerate(chunks):
-        feed(m, cache, chunk, False)
-        if record_past:
-            if i == 0:
-                cache.activate_past_recording()
-            cache.crop(0)
-    return cache
-
-
 @pytest.mark.parametrize("key", HYBRIDS)
 def test_rollback_equals_recomputing_from_scratch(key):
-    """A hybrid target with a hybrid full-cache draft that often disagrees. After each round (all, some or no drafts
-    accepted) both caches, states and attention KV, are bit for bit the model's own cache fed only the kept tokens
-    in the same forwards (the target: the prompt, then each round's 1 + n kept tokens in one forward; the draft: one
-    token a forward), and within float rounding of one forward over all of them (the chunked and the step-wise
-    delta-rule / scan kernels sum in other orders: up to ~2e-4 on these O(1) states and keys, where one wrong token
-    two positions back moves them by 0.04 to 4)."""
+    """A hybrid target with a hybrid full-cache draft, scripted (tests/conftest.py) so that its rounds accept every
+    count 0..k, k = 4 (asserted): a rejection at the first draft, at the last (the target still has to replay) and
+    in between, and all accepted. After each round both caches, states and attention KV, are bit for bit the
+    model's own cache fed only the kept tokens in the same forwards (the target: the prompt, then each round's
+    1 + n kept tokens in one forward; the draft: one token a forward), and within float rounding of one forward over
+    all of them (the chunked and the step-wise delta-rule / scan kernels sum in other orders: up to ~2e-4 on these
+    O(1) states and keys, where one wrong token two positions back moves them by 0.04 to 4)."""
     tgt = model(key)
-    dec = SpeculativeDecoder(tgt, perturbed(tgt), CacheLayout("full"), draft_length=4)
     prompt, _ = prompt_and_reference(key)
-    dec.reset(prompt, 40)
+    reference = greedy_reference(tgt, prompt, script_tokens())
+    dec = SpeculativeDecoder(tgt, scripted_draft(tgt, prompt, reference, SCRIPT, SCRIPT_K), CacheLayout("full"),
+                             draft_length=SCRIPT_K)
+    dec.reset(prompt, script_tokens())
     t_chunks, d_chunks = [prompt], [prompt]
     while not dec.done:
         t_pending, d_pending, generated = list(dec._t_pending), list(dec._d_pending), len(dec.result.tokens)
         rec = dec.step()
         new = dec.result.tokens[generated:]
         t_chunks.append(t_pending + new[:rec.accepted])
-        if rec.draft_length:  # a round with k = 0 (the last token) feeds the draft nothing
-            d_chunks += [d_pending] + [[t] for t in new[:min(rec.accepted, rec.draft_length - 1)]]
+        d_chunks += [d_pending] + [[t] for t in new[:min(rec.accepted, rec.draft_length - 1)]]
         seen = prompt + dec.result.tokens
         assert_same(dec.tcache, recompute(tgt, t_chunks, record_past=True))
         assert_same(dec.dcache, recompute(dec.draft, d_chunks))
     assert_same(dec.tcache, recompute(tgt, [seen[:-1]]), atol=1e-3)
     assert_same(dec.dcache, recompute(dec.draft, [seen[:dec.dcache.length]]), atol=1e-3)
-    ends = {"all" if r.accepted == r.draft_length else "none" if r.accepted == 0 else "some" for r in dec.result.rounds}
-    assert {"some", "none"} <= ends, ends  # restores to the first and to later checkpoints
-    assert any(r.target_replayed for r in dec.result.rounds)
+    accepted = [r.accepted for r in dec.result.rounds]
+    assert accepted == SCRIPT + [SCRIPT_K] * 2 and set(accepted) == set(range(SCRIPT_K + 1))
+    assert [r.target_replayed for r in dec.result.rounds] == [a < SCRIPT_K for a in accepted]
+    assert dec.result.tokens == reference
 
 
 @pytest.mark.parametrize("key", HYBRIDS)

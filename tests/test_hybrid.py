@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+from statistics import mean
 
 import pytest
 import torch
@@ -273,20 +274,26 @@ def test_sampling_distribution_matches_target(pair):
 
 # --- evaluate, the environment, compressibility training ----------------------------------------------------------
 
-def saved_hybrid(folder, key="qwen3_5"):
+def saved_hybrid(folder, key="qwen3_5", seed=0):
     """A tiny hybrid with the testbed's tokenizer (1,024 tokens), saved as an ordinary HuggingFace folder."""
-    family(key).model(seed=0, vocab=1024).save_pretrained(folder)
+    family(key).model(seed=seed, vocab=1024).save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(TESTBED_DIR / "lm-target" / name, folder / name)
     return folder
 
 
-def test_evaluate_on_a_saved_hybrid(tmp_path):
-    """Attention KV flat in input length at a fixed budget; the state bytes are the model's fixed state size."""
+def test_evaluate_on_a_saved_hybrid(tmp_path, monkeypatch):
+    """A saved Qwen3.5 drafted by another (other weights, so drafts are rejected): the draft's attention KV flat in
+    input length at a fixed budget; its state bytes the model's fixed state size; the target's replay share the
+    share of rounds that rejected a draft, and the rollback time the rounds' mean."""
+    import rift_ada.evaluate as E
     from rift_ada.evaluate import build_parser, run
 
+    evaluations, own = [], E.evaluate
+    monkeypatch.setattr(E, "evaluate", lambda *a, **kw: evaluations.append(own(*a, **kw)) or evaluations[-1])
     folder = str(saved_hybrid(tmp_path / "qwen3_5"))
-    common = ["--target", folder, "--drafter", "self", "--policy", "rift-dyn", "--period", "8", "--budget", "64",
+    drafter = str(saved_hybrid(tmp_path / "qwen3_5-draft", seed=1))
+    common = ["--target", folder, "--drafter", drafter, "--policy", "rift-dyn", "--period", "8", "--budget", "64",
               "--prompts", "1", "--max-new-tokens", "16", "--draft-length", "4"]
     outs = [run(build_parser().parse_args([*common, "--input-tokens", str(n)])) for n in (512, 1024)]
     cfg = family("qwen3_5").config(vocab=1024)
@@ -296,12 +303,14 @@ def test_evaluate_on_a_saved_hybrid(tmp_path):
     per_layer = 4 * (conv_dim * cfg.linear_conv_kernel_dim
                      + cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim)
     kv_per_token = cfg.layer_types.count("full_attention") * 2 * cfg.num_key_value_heads * cfg.head_dim * 4
-    for out in outs:
+    for out, ev in zip(outs, evaluations, strict=True):
+        rounds = [x for res in ev.results for x in res.rounds]
+        assert out["target_replay_share"] == mean(x.accepted < x.draft_length for x in rounds) > 0
+        assert out["rollback_ms_per_round"] == 1000 * mean(x.rollback_seconds for x in rounds) > 0
         assert out["target_greedy_match"] == 1.0
         assert out["draft_state_bytes"] == linear * per_layer
         assert out["draft_state_checkpoint_bytes"] == 3 * linear * per_layer  # k - 1 copies
         assert 64 * kv_per_token < out["draft_active_kv_bytes"] <= (64 + 4 + 1) * kv_per_token
-        assert out["rollback_ms_per_round"] > 0 and 0 <= out["target_replay_share"] <= 1
     assert outs[0]["draft_active_kv_bytes"] == outs[1]["draft_active_kv_bytes"]
     cli = subprocess.run([sys.executable, "-m", "rift_ada.evaluate", *common, "--input-tokens", "512", "--json"],
                          env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=300)

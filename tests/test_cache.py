@@ -311,6 +311,12 @@ def test_policy_and_layout_errors():
         make_policy("rift-stat", budget=64, scorer="h2o")
     with pytest.raises(RuntimeError, match="cannot refresh"):
         RiftCache(1, layout_of("rift-stat", 64)).refresh()
+    # An option the scorer does not take is refused, by name, not dropped.
+    with pytest.raises(ValueError, match="scorer 'snapkv' has no option 'kernal'; its options: kernel, pooling"):
+        make_scorer("snapkv", kernal=5)
+    with pytest.raises(ValueError, match="scorer 'tova' has no option 'kernel'"):
+        CacheLayout("rift", 64, scorer="tova", scorer_options=(("kernel", 7),))
+    assert make_scorer("snapkv", kernel=5, pooling="avg").kernel == 5
 
 
 def test_layout_split_is_integer_and_frozen():

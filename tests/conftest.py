@@ -162,7 +162,8 @@ def decode_checking_rollback(dec, prompt: list[int], new_tokens: int, controller
     bit for bit, the cache before the round (refreshed if the round refreshed) fed only the kept tokens the way the
     decoder feeds them: the pending token(s) in one forward, then each kept draft alone. ``check_target(chunks)``
     gets the target's kept tokens so far, one chunk per forward (the prompt, then each round's 1 + accepted).
-    Attention-only drafts. Returns the rounds' accepted counts."""
+    Attention-only drafts; every round must draft (k > 0: max_new_tokens leaves room). Returns the rounds'
+    accepted counts."""
     from rift_ada import signals
 
     dec.reset(prompt, new_tokens)
@@ -170,6 +171,7 @@ def decode_checking_rollback(dec, prompt: list[int], new_tokens: int, controller
     while not dec.done:
         seen_before, fed_before, before = prompt + dec.result.tokens, dec.dcache.length, dec.dcache.clone()
         rec = dec.step(controller is not None and bool(controller.decide(signals.observe(dec.state))))
+        assert rec.draft_length > 0, "a round without drafts feeds the draft nothing: give max_new_tokens room"
         seen = prompt + dec.result.tokens
         new = seen[len(seen_before):]
         chunks.append(seen_before[-1:] + new[:rec.accepted])

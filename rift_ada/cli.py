@@ -126,10 +126,26 @@ def policy_from_args(args, name: str | None = None, **overrides):
 
     opts = dict(budget=args.budget, window_fraction=args.window_fraction, window=args.window, sinks=args.sinks,
                 scorer=args.scorer, obs_window=args.obs_window, lookahead=args.lookahead,
-                scorer_options=(("kernel", args.kernel), ("pooling", args.pooling)),
                 period=getattr(args, "period", None), controller=getattr(args, "controller", None))
     opts.update(overrides)
+    if "scorer_options" not in opts:
+        opts["scorer_options"] = _snapkv_options(args, opts["scorer"])
     return make_policy(name or args.policy, **opts)
+
+
+def _snapkv_options(args, scorer: str) -> tuple:
+    """--kernel and --pooling for snapkv; for another scorer nothing, and an error if either was changed (a
+    setting the scorer would ignore)."""
+    from .scorers import SnapKVScorer
+
+    given = (("kernel", args.kernel), ("pooling", args.pooling))
+    if scorer == "snapkv":
+        return given
+    changed = [k for k, v in given if v != SnapKVScorer.__dataclass_fields__[k].default]
+    if changed:
+        raise ValueError(f"--{' and --'.join(changed)} only appl{'y' if len(changed) > 1 else 'ies'} to --scorer "
+                         f"snapkv, not {scorer!r}")
+    return ()
 
 
 def add_decoding_options(parser: argparse.ArgumentParser, max_new_tokens: int = 256) -> None:

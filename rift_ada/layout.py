@@ -50,6 +50,7 @@ class CacheLayout:
         if self.lookahead < 0:
             raise ValueError(f"lookahead must be >= 0, got {self.lookahead}")
         object.__setattr__(self, "scorer_options", tuple(sorted(dict(self.scorer_options).items())))
+        self.make_scorer()  # an option the scorer does not take fails here, when the layout is described
         if self.kind == "full":
             return
         if not isinstance(self.budget, int) or isinstance(self.budget, bool) or self.budget < 1:

@@ -18,7 +18,7 @@ class ForwardClock:
     """Wall time spent inside the forward calls of some modules (synchronising CUDA at both ends)."""
 
     def __init__(self, *modules):
-        self.seconds, self._t, self._handles = 0.0, [], []
+        self.seconds, self.calls, self._t, self._handles = 0.0, 0, [], []
         for m in {id(m): m for m in modules}.values():  # self-speculation passes one model twice
             self._handles.append(m.register_forward_pre_hook(self._start))
             self._handles.append(m.register_forward_hook(self._stop))
@@ -36,6 +36,7 @@ class ForwardClock:
     def _stop(self, module, args, output):
         self._sync(module)
         self.seconds += time.perf_counter() - self._t.pop()
+        self.calls += 1
 
     def close(self) -> None:
         for h in self._handles:
@@ -50,6 +51,7 @@ class DecodeProfile:
     step_seconds: float  # the rounds alone
     forward_seconds: float  # model forwards inside the rounds
     refresh_seconds: float  # rescoring inside the rounds
+    forward_calls: int = 0  # model forwards inside the rounds (target and draft)
 
     @property
     def overhead_seconds(self) -> float:
@@ -80,4 +82,4 @@ def profile_decode(decoder, prompt, max_new_tokens: int, controller=None) -> Dec
         clock.close()
     end = now()
     return DecodeProfile(decoder.result.tokens, end - t0, end - t_steps, clock.seconds,
-                         sum(r.refresh_seconds for r in decoder.result.rounds))
+                         sum(r.refresh_seconds for r in decoder.result.rounds), clock.calls)

@@ -1,3 +1,4 @@
+import copy
 import functools
 import os
 
@@ -11,7 +12,7 @@ torch.set_num_threads(1)  # tiny models: threads only add overhead
 
 # Tests that need *a* real trained pair use the trained testbed models alone (``testbed-lm``): the shipped pair
 # composes a hand-set copier beside them and costs about ten times the compute. Tests of the shipped pair's own
-# figures (tests/test_regression.py, tests/test_testbed_check.py, tests/test_composed.py) load ``testbed``.
+# figures (tests/test_regression.py, tests/test_composed.py) load ``testbed``.
 LM_TARGET, LM_DRAFT = "testbed-lm", "testbed-lm-draft"
 
 
@@ -103,3 +104,101 @@ def env_kw(budget: int = 128, input_tokens: int = 1024, prompts: int = 2, max_ne
     dec = SpeculativeDecoder(pair.target, None if pair.self_speculative else pair.draft, CacheLayout("rift", budget),
                              eos_token_id=pair.tokenizer.eos_token_id)
     return dict(decoder=dec, prompts=_train_prompts(prompts, input_tokens), max_new_tokens=max_new_tokens)
+
+
+def scripted_draft(model, prompt: list[int], reference: list[int], accepted: list[int], k: int):
+    """A copy of ``model`` as a greedy draft whose proposals are scripted so that decoding round i accepts exactly
+    ``accepted[i]`` of its k drafts (rounds after the list accept all). It proposes the target's greedy token
+    (``reference``: the target's greedy continuation of ``prompt``) except at one position per round that must
+    reject, where it proposes another token. The copy runs its forwards as any draft (its cache fills, rolls back,
+    refreshes); only its output logits are replaced. With every count 0..k in ``accepted``, a test meets each."""
+    assert all(0 <= a <= k for a in accepted)
+    wrong, index = set(), 1  # reference[0] comes from the target's prefill; round 1 drafts reference[1:k + 1]
+    for a in accepted:
+        if a < k:
+            wrong.add(index + a)
+        index += a + 1
+    assert index <= len(reference), "the reference is too short for the schedule"
+    draft = copy.deepcopy(model)
+    vocab = model.config.vocab_size
+
+    def propose(module, args, kwargs, output):
+        pos = kwargs.get("position_ids")
+        if pos is None:  # a probe forward (rift_ada.attention.check_observable)
+            return output
+        i = int(pos[0, -1]) + 1 - len(prompt)  # the index in ``reference`` of the token this forward predicts
+        if 0 <= i < len(reference):
+            token = (reference[i] + 1) % vocab if i in wrong else reference[i]
+            output.logits = torch.nn.functional.one_hot(torch.tensor(token), vocab).float().expand_as(output.logits)
+        return output
+
+    draft.register_forward_hook(propose, with_kwargs=True)
+    return draft
+
+
+# k = 4 and the accepted count of each round: every count 0..k, each after several others.
+SCRIPT_K, SCRIPT = 4, [4, 0, 1, 2, 3, 4, 3, 2, 1, 0, 4, 0]
+
+
+def script_tokens(accepted: list[int] = SCRIPT, k: int = SCRIPT_K, extra_rounds: int = 2) -> int:
+    """max_new_tokens for a scripted run: the first token, the scripted rounds, then ``extra_rounds`` that accept
+    all k (so that every round drafts k)."""
+    return 1 + sum(a + 1 for a in accepted) + extra_rounds * (k + 1)
+
+
+def assert_same_layers(ours, theirs):
+    """Every tensor and number each attention layer of two draft caches holds is the same, bit for bit."""
+    for i, (a, b) in enumerate(zip(ours.layers, theirs.layers)):
+        for name, x in vars(a).items():
+            if isinstance(x, torch.Tensor):
+                assert torch.equal(x, getattr(b, name)), (i, name)
+            elif isinstance(x, (int, float)):
+                assert x == getattr(b, name), (i, name)
+
+
+def decode_checking_rollback(dec, prompt: list[int], new_tokens: int, controller=None, check_target=None):
+    """Decode round by round. After each round: the target's cache holds every token but the last emitted, the
+    draft's every token but the pending one (two after a round that accepted all k drafts), and the draft cache is,
+    bit for bit, the cache before the round (refreshed if the round refreshed) fed only the kept tokens the way the
+    decoder feeds them: the pending token(s) in one forward, then each kept draft alone. ``check_target(chunks)``
+    gets the target's kept tokens so far, one chunk per forward (the prompt, then each round's 1 + accepted).
+    Attention-only drafts; every round must draft (k > 0: max_new_tokens leaves room). Returns the rounds'
+    accepted counts."""
+    from rift_ada import signals
+
+    dec.reset(prompt, new_tokens)
+    chunks = [list(prompt)]
+    while not dec.done:
+        seen_before, fed_before, before = prompt + dec.result.tokens, dec.dcache.length, dec.dcache.clone()
+        rec = dec.step(controller is not None and bool(controller.decide(signals.observe(dec.state))))
+        assert rec.draft_length > 0, "a round without drafts feeds the draft nothing: give max_new_tokens room"
+        seen = prompt + dec.result.tokens
+        new = seen[len(seen_before):]
+        chunks.append(seen_before[-1:] + new[:rec.accepted])
+        assert dec.tcache.get_seq_length() == len(seen) - 1
+        assert dec.dcache.length == len(seen) - (2 if rec.accepted == rec.draft_length > 0 else 1)
+        if rec.refreshed:
+            before.refresh()
+        feed(dec.draft, before, seen_before[fed_before:])
+        for t in new[:min(rec.accepted, rec.draft_length - 1)]:
+            feed(dec.draft, before, [t])
+        before.rollback(0)
+        assert_same_layers(dec.dcache, before)
+        if check_target is not None:
+            check_target(chunks)
+    return [r.accepted for r in dec.result.rounds]
+
+
+def recompute(model, chunks, record_past=False):
+    """The model's own cache fed ``chunks`` one forward each; ``record_past`` as the decoder's target cache (its
+    sliding layers and conv states take the recorded path) and trimmed after each forward as the decoder trims it."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    for i, chunk in enumerate(chunks):
+        feed(model, cache, chunk, False)
+        if record_past:
+            if i == 0:
+                cache.activate_past_recording()
+            cache.crop(0)
+    return cache

@@ -25,7 +25,8 @@ from rift_ada.layout import CacheLayout
 from rift_ada.models import greedy_reference
 from rift_ada.policies import make_policy
 from rift_ada.speculative import SpeculativeDecoder
-from tests.conftest import feed
+from tests.conftest import (SCRIPT, SCRIPT_K, decode_checking_rollback, feed, recompute, script_tokens,
+                            scripted_draft)
 from tests.test_sampling import VOCAB, check_rift_dyn_sampling
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +72,7 @@ def test_greedy_equals_target_generate(key, drafter, name):
             assert all(r.accepted == r.draft_length for r in res.rounds), k
         for layer in dec.tcache.layers:  # the target's sliding layers are back at their window after each round
             if getattr(layer, "keys", None) is not None:  # not a linear-attention or cache-free layer
-                assert layer.keys.shape[-2] <= (WINDOW - 1 if layer.is_sliding else dec.tcache.get_seq_length())
+                assert layer.keys.shape[-2] == (WINDOW - 1 if layer.is_sliding else dec.tcache.get_seq_length())
         for layer in dec.dcache.kv_layers:
             if isinstance(layer, SlidingLayer):
                 assert layer.n_active == WINDOW - 1
@@ -105,6 +106,33 @@ def test_draft_cache_with_room_for_everything_equals_the_models_own_cache(key):
     assert sliding.n_active == WINDOW - 1
     with pytest.raises(RuntimeError, match="cannot roll back"):
         sliding.crop(-3)  # those tokens left the window at the last round's end
+
+
+@pytest.mark.parametrize("key", ["gemma3", "mistral-swa"])
+def test_rollback_with_sliding_layers_meets_every_accepted_count(key):
+    """Sliding layers (gemma3: alternating with full attention; mistral-swa: all sliding), window 16 against an
+    80-token prompt. A scripted copy of the target (tests/conftest.py) drafts on a rift-dyn cache (budget 24,
+    refreshed every 8 tokens; its sliding layers keep the model's window), and the rounds accept every count 0..k,
+    k = 4 (asserted). After each round the draft's cache is bit for bit as if the rejected tokens were never fed
+    (tests/conftest.py decode_checking_rollback) and the target's equals the model's own cache fed only the kept
+    tokens, one chunk per forward (to 1e-5: the decoder's forward fed 1 + k tokens, the recomputation 1 + n)."""
+    tgt = target(key)
+    prompt, _ = prompt_and_reference(key)
+    reference = greedy_reference(tgt, prompt, script_tokens())
+    pol = policy("rift-dyn")
+    dec = SpeculativeDecoder(tgt, scripted_draft(tgt, prompt, reference, SCRIPT, SCRIPT_K), pol.layout,
+                             draft_length=SCRIPT_K)
+
+    def check_target(chunks):
+        for ours, theirs in zip(dec.tcache.layers, recompute(tgt, chunks, record_past=True).layers):
+            assert ours.is_sliding == theirs.is_sliding and ours.keys.shape == theirs.keys.shape
+            torch.testing.assert_close(ours.keys, theirs.keys, atol=1e-5, rtol=0)
+            torch.testing.assert_close(ours.values, theirs.values, atol=1e-5, rtol=0)
+
+    accepted = decode_checking_rollback(dec, prompt, script_tokens(), pol.controller, check_target)
+    assert accepted == SCRIPT + [SCRIPT_K] * 2 and set(accepted) == set(range(SCRIPT_K + 1))
+    assert dec.result.tokens == reference and dec.result.refreshes > 0
+    assert any(layer.is_sliding and layer.keys.shape[-2] == WINDOW - 1 for layer in dec.tcache.layers)
 
 
 @pytest.mark.parametrize("key", ["gemma3", "gpt-oss"])

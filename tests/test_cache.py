@@ -189,6 +189,67 @@ def test_per_head_selection_and_refresh_reaches_generated_tokens():
     torch.testing.assert_close(layer.keys[0, 1, :24], layer.store_k[0, 1, after[0, 1, :24]])
 
 
+def rescored_from_scratch(cache: RiftCache) -> RiftCache:
+    """A new cache given ``cache``'s backing store and observation queries, then compressed: what scoring that
+    history from nothing selects (the layout's window must equal ``cache``'s tail)."""
+    fresh = RiftCache(len(cache.layers), cache.layout)
+    for new, old in zip(fresh.layers, cache.layers):
+        new.update(old.store_k.clone(), old.store_v.clone())
+        new.observe(old.queries.clone(), old.query_pos.clone())
+    fresh.compress()
+    return fresh
+
+
+RIFT_STATE = ("keys", "values", "store_k", "store_v", "imp_pos", "queries", "query_pos")
+
+
+def test_refresh_scores_from_scratch_resets_drift_and_rolls_back_exactly():
+    """rift-dyn budget 48 (24 selected + a window of 24), observation window 8: 150 prompt tokens, then 60 tokens one
+    a forward, as the draft feeds them. A refresh selects what a from-scratch scoring of the same history selects
+    (every layer: a new cache given the backing store and the same queries; layer 0, whose keys and queries do not
+    depend on the cache: a new cache prefilled with all 210 tokens), and the drift restarts at 0. A round after the
+    refresh that feeds 4 tokens and rejects 3 leaves the cache bit for bit as if only the kept one had been fed."""
+    model = random_model("llama", init=0.05)
+    use_rift_attention(model)
+    g = torch.Generator().manual_seed(6)
+    history = torch.randint(0, 128, (210,), generator=g).tolist()
+    layout = layout_of("rift-dyn", 48, obs_window=8)
+    cache = RiftCache(2, layout)
+    feed(model, cache, history[:150])
+    cache.compress()
+    assert cache.query_drift() < 1e-6, "compression is a scoring: the drift starts at 0"
+    for t in history[150:]:
+        feed(model, cache, [t])
+        cache.rollback(0)
+    before = [layer.imp_pos.clone() for layer in cache.layers]
+    drift = cache.query_drift()
+    assert drift > 0.05, drift  # else a refresh that forgot to reset it would pass
+
+    cache.refresh()
+    assert cache.query_drift() < 1e-6, f"the drift after a refresh is {cache.query_drift():.3f}, not 0"
+    fresh = rescored_from_scratch(cache)
+    prefilled = RiftCache(2, layout)
+    feed(model, prefilled, history)
+    prefilled.compress()
+    for ours, scratch in zip(cache.layers, fresh.layers):
+        assert torch.equal(ours.imp_pos, scratch.imp_pos) and torch.equal(ours.keys, scratch.keys)
+    assert torch.equal(cache.layers[0].imp_pos, prefilled.layers[0].imp_pos)
+    assert any(not torch.equal(b, layer.imp_pos) for b, layer in zip(before, cache.layers)), "the refresh moved"
+
+    kept = cache.clone()
+    fed = torch.randint(0, 128, (4,), generator=g).tolist()
+    for t in fed:
+        feed(model, cache, [t])
+    cache.rollback(3)
+    feed(model, kept, fed[:1])
+    kept.rollback(0)
+    for a, b in zip(cache.layers, kept.layers):
+        assert a.length == b.length == 211 and a.n_imp == b.n_imp == 24
+        for name in RIFT_STATE:
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert cache.query_drift() == kept.query_drift()
+
+
 def test_scorer_contract_shapes_and_causality():
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(1, 4, 8, 16, generator=g), torch.randn(1, 2, 30, 16, generator=g)
@@ -250,6 +311,12 @@ def test_policy_and_layout_errors():
         make_policy("rift-stat", budget=64, scorer="h2o")
     with pytest.raises(RuntimeError, match="cannot refresh"):
         RiftCache(1, layout_of("rift-stat", 64)).refresh()
+    # An option the scorer does not take is refused, by name, not dropped.
+    with pytest.raises(ValueError, match="scorer 'snapkv' has no option 'kernal'; its options: kernel, pooling"):
+        make_scorer("snapkv", kernal=5)
+    with pytest.raises(ValueError, match="scorer 'tova' has no option 'kernel'"):
+        CacheLayout("rift", 64, scorer="tova", scorer_options=(("kernel", 7),))
+    assert make_scorer("snapkv", kernel=5, pooling="avg").kernel == 5
 
 
 def test_layout_split_is_integer_and_frozen():

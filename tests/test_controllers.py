@@ -182,23 +182,67 @@ def poisoned_path(tmp_path):
     return str(root)
 
 
+# Runs rift_ada.evaluate's CLI in a fresh process, recording what its evaluate() returns: every round's record.
+DRIVE = """
+import dataclasses, json, sys
+import rift_ada.evaluate as E
+own, runs = E.evaluate, []
+def recording(decoder, *args, **kwargs):
+    runs.append((decoder.draft.config.vocab_size, own(decoder, *args, **kwargs)))
+    return runs[-1][1]
+E.evaluate = recording
+assert E.main(['--target', 'testbed-lm', '--policy', 'rift-ada', '--controller', sys.argv[1], '--budget', '128',
+               '--prompts', '1', '--input-tokens', '1024', '--max-new-tokens', str(MAX_NEW), '--json']) == 0
+assert 'sklearn' not in sys.modules and 'stable_baselines3' not in sys.modules
+vocab, ev = runs[0]
+print(json.dumps({'vocab': vocab, 'rounds': [dataclasses.asdict(r) for r in ev.results[0].rounds]}))
+"""
+MAX_NEW = 32
+
+
+def replayed_decisions(controller, rounds: list[dict], max_new_tokens: int, vocab: int) -> list[bool]:
+    """The controller's decision before each round, on the observation rebuilt from the records: the state the
+    decoder published then (rift_ada.speculative.DecoderState) is a function of the rounds before it and of the
+    round's own recorded position, tokens since refresh and drift."""
+    from rift_ada.speculative import DecoderState
+
+    decisions = []
+    for i, r in enumerate(rounds):
+        past = rounds[:i]
+        state = DecoderState(
+            generated=r["position"], max_new_tokens=max_new_tokens, rounds=i,
+            tokens_since_refresh=r["tokens_since_refresh"], drift=r["drift"],
+            acceptance=tuple(p["accepted"] / p["draft_length"] for p in past[::-1][:signals.HISTORY]),
+            entropy_mean=past[-1]["entropy_mean"] if past else 0.0,
+            entropy_max=past[-1]["entropy_max"] if past else 0.0, vocab_size=vocab)
+        decisions.append(bool(controller.decide(signals.observe(state))))
+    return decisions
+
+
 def test_exported_controller_drives_decoding_without_training_libraries(trained_ppo, trained_dqn, counterfactual_data,
                                                                        tmp_path):
+    """Each exported controller (PPO, DQN, logistic) drives `python -m rift_ada.evaluate --policy rift-ada` with
+    scikit-learn and stable-baselines3 unimportable, and what decoding did is what the controller decides: the
+    rounds that refreshed are exactly those where the controller, loaded here and given each round's observation
+    rebuilt from the records, says refresh (a controller that was ignored, or given other signals, fails). The
+    logistic controller is fit to refresh late in generation (position above its median), so it says both no and
+    yes within the 32 tokens."""
     _, _, ppo = trained_ppo
     ppo.save(tmp_path / "c.pt")
     trained_dqn[2].save(tmp_path / "d.pt")
-    y = (np.arange(len(counterfactual_data.X)) % 2).astype(int)
-    fit_logistic(counterfactual_data.X, y).save(tmp_path / "c.json")
+    position = counterfactual_data.X[:, signals.index("position")]
+    fit_logistic(counterfactual_data.X, (position > np.median(position)).astype(int)).save(tmp_path / "c.json")
     for f in ("c.pt", "d.pt", "c.json"):
-        code = (
-            "import sys\n"
-            "from rift_ada.evaluate import main\n"
-            f"rc = main(['--policy', 'rift-ada', '--controller', r'{tmp_path / f}', '--budget', '128', '--prompts', "
-            "'1', '--input-tokens', '1024', '--max-new-tokens', '32', '--json'])\n"
-            "assert rc == 0\n"
-            "assert 'sklearn' not in sys.modules and 'stable_baselines3' not in sys.modules\n")
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+        out = subprocess.run([sys.executable, "-c", DRIVE.replace("MAX_NEW", str(MAX_NEW)), str(tmp_path / f)],
+                             capture_output=True, text=True, timeout=300,
                              env=dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=poisoned_path(tmp_path)))
         assert out.returncode == 0, out.stderr[-2000:]
-        res = json.loads(out.stdout.strip().splitlines()[-1])
+        *_, summary, recorded = out.stdout.strip().splitlines()
+        res, recorded = json.loads(summary), json.loads(recorded)
         assert res["policy"] == "rift-ada" and res["target_greedy_match"] == 1.0
+        rounds = recorded["rounds"]
+        decided = replayed_decisions(load_controller(tmp_path / f), rounds, MAX_NEW, recorded["vocab"])
+        assert [r["refreshed"] for r in rounds] == decided, f
+        assert res["refreshes"] == sum(decided)
+        if f == "c.json":
+            assert 0 < sum(decided) < len(decided), decided

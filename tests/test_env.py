@@ -83,10 +83,19 @@ def test_refuses_a_decoder_that_cannot_refresh():
         RefreshEnv(**kw)
 
 
-def test_measured_costs_are_positive():
+def test_measured_costs_are_the_rounds_medians():
+    """The cost model is the medians of the measured rounds' phase times (rift_ada.costs): a draft step is a round's
+    draft time per drafted token, verify includes the rollback, and a refresh is timed on the rounds that refreshed
+    (every other one here) only."""
+    from statistics import median
+
     kw = env_kw()
     costs = measure_costs(kw["decoder"], kw["prompts"][0], max_new_tokens=96)
-    assert costs.draft_step_s > 0 and costs.verify_s > 0 and costs.refresh_s > 0, costs
+    rounds = kw["decoder"].result.rounds  # the decode it measured
+    assert [r.refreshed for r in rounds] == [i % 2 == 0 for i in range(len(rounds))] and len(rounds) >= 6
+    assert costs.draft_step_s == median(r.draft_seconds / r.draft_length for r in rounds if r.draft_length)
+    assert costs.verify_s == median(r.verify_seconds + r.rollback_seconds for r in rounds)
+    assert costs.refresh_s == median(r.refresh_seconds for r in rounds[::2])
     assert CostModel.from_dict(costs.to_dict()) == costs
     with pytest.raises(ValueError, match="raise max_new_tokens"):
         measure_costs(kw["decoder"], kw["prompts"][0], max_new_tokens=4)

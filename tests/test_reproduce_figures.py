@@ -72,7 +72,6 @@ def test_quick_run_writes_five_consistent_figures_and_one_wandb_run(tmp_path, wa
     al = lambda r: float(r["acceptance_length"])  # noqa: E731
 
     assert list(f1) == ["full", "window", "snapkv", "rift-stat", "rift-dyn", "rift-ada"]
-    assert all(1 <= al(r) <= 12 for r in f1.values()), "AL is between 1 and k + 1"
     assert {k[1] for k in f3} == {"full", "snapkv", "rift-stat", "rift-dyn", "rift-ada"}
     assert {k[0] for k in f3} == {768, 1024, 1536}
     assert {k[0] for k in f4} == {"full", "never", "periodic", "threshold", "entropy"}
@@ -98,7 +97,8 @@ def test_quick_run_writes_five_consistent_figures_and_one_wandb_run(tmp_path, wa
         assert float(r["relative_change"]) == pytest.approx(t / u - 1, abs=1e-12)
     # ... and what rift_ada.evaluate prints for the same setting on the same held-out prompts.
     assert evaluate_json("--policy", "full")["acceptance_length"] == full
-    assert evaluate_json("--policy", "rift-stat", "--budget", "256")["acceptance_length"] == al(f1["rift-stat"])
+    for name in ("window", "snapkv", "rift-stat"):
+        assert evaluate_json("--policy", name, "--budget", "256")["acceptance_length"] == al(f1[name]), name
 
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("run-*.wandb"))
@@ -113,16 +113,21 @@ def test_quick_run_writes_five_consistent_figures_and_one_wandb_run(tmp_path, wa
     assert script().main(["--quick", "--target", "testbed-lm", "--drafter", "testbed-lm",
                           "--adapter", str(out / "compressibility" / "adapter"), "--budgets", "0.25",
                           "--input-lengths", "1024", "--periods", "32", "--acc-thresholds", "0.5",
-                          "--entropy-quantiles", "0.5", "--oracle-lams", "4", "--wandb-mode", "disabled",
+                          "--entropy-quantiles", "0.5", "--oracle-lams", "1000", "--wandb-mode", "disabled",
                           "--output-dir", str(again)]) == 0
     assert not (again / "compressibility").exists()
     g2 = {(r["draft"], r["policy"], num(r["budget_fraction"])): r for r in read(again, "fig2_al_by_budget")}
     assert set(g2) == {(d, p, f) for d in ("untrained", "trained") for p, f in
                        (("full", None), ("rift-stat", 0.25), ("rift-dyn", 0.25))}
     assert all(al(g2[k]) == al(f2[k]) for k in g2)
-    oracle = next(r for r in read(again, "fig4_refresh_tradeoff") if r["family"] == "oracle")
-    assert oracle["knob"] == "4.0" and 1 <= al(oracle) <= 12 and oracle["tokens_per_second"] == ""
-    assert float(oracle["modelled_tokens_per_second"]) > 0
+    # The oracle at a refresh price of 1,000 accepted tokens (more than a 64-token generation can gain) keeps the
+    # never-refreshing branch, so its row is the never-refresh decode's: same AL and modelled speed, no refresh.
+    g4 = {r["family"]: r for r in read(again, "fig4_refresh_tradeoff")}
+    oracle, never = g4["oracle"], g4["never"]
+    assert oracle["knob"] == "1000.0" and oracle["refreshes"] == "0" and oracle["tokens_per_second"] == ""
+    assert al(oracle) == pytest.approx(al(never), rel=1e-12)
+    assert float(oracle["modelled_tokens_per_second"]) == pytest.approx(float(never["modelled_tokens_per_second"]),
+                                                                        rel=1e-12)
 
 
 @pytest.mark.parametrize("argv, message", [

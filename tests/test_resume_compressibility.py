@@ -61,15 +61,18 @@ def adapter(out):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # several runs, each with its own timeout
 def test_killed_run_reruns_to_the_same_adapter_table_and_wandb_run(tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     assert script(straight).returncode == 0
 
     proc = subprocess.Popen([sys.executable, str(SCRIPT), *SMALL, "--output-dir", str(killed)], env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 600
     try:
         while not (killed / "checkpoints" / "step-1" / "state.pt").exists():
-            assert proc.poll() is None, "the run ended before its first checkpoint"
+            assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before its first checkpoint"
+            assert time.monotonic() < deadline, "no first checkpoint within 600 s"
             time.sleep(0.05)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)

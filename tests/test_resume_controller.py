@@ -30,11 +30,11 @@ def run_until(out, unit: str, timeout=600):
     """Start the job and SIGKILL it (with its process group) as soon as state file ``unit`` appears."""
     proc = subprocess.Popen([sys.executable, str(SCRIPT), *TINY, "--output-dir", str(out)], env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + timeout
+    deadline = time.monotonic() + timeout
     try:
         while not (out / "state" / unit).exists():
             assert proc.poll() is None, f"the job ended (exit {proc.returncode}) before writing {unit}"
-            assert time.time() < deadline, f"no {unit} after {timeout} s"
+            assert time.monotonic() < deadline, f"no {unit} after {timeout} s"
             time.sleep(0.05)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -46,6 +46,7 @@ def wandb_ids(out):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # several jobs, each with its own timeout
 def test_killed_job_resumes_to_the_same_tradeoff_csv_and_wandb_run(tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     res = job(straight)

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 from transformers import DynamicCache
@@ -9,7 +10,8 @@ from rift_ada.models import greedy_reference
 from rift_ada.policies import POLICIES, make_policy
 from rift_ada.scorers import SCORERS
 from rift_ada.speculative import SpeculativeDecoder
-from tests.conftest import random_model
+from tests.conftest import (SCRIPT, SCRIPT_K, decode_checking_rollback, feed, random_model, script_tokens,
+                            scripted_draft)
 
 
 class EveryOtherRound:
@@ -77,35 +79,49 @@ def test_greedy_equals_target_generate_random_models(arch, name):
             assert res.tokens == reference, (d is None, k)
 
 
-def test_rollback_leaves_caches_as_if_never_fed(testbed_target, testbed_draft, testbed_prompt):
-    # Budget 64: the draft errs often, so rounds end in every way (all accepted, some fed drafts rejected, none).
-    pol = policy("rift-dyn", budget=64)
-    dec = SpeculativeDecoder(testbed_target, testbed_draft, pol.layout, draft_length=11)
-    dec.reset(testbed_prompt, 64)
-    while not dec.done:
-        dec.step(pol.controller.decide(signals.observe(dec.state)))
-        seen = testbed_prompt + dec.result.tokens
-        assert dec.tcache.get_seq_length() == len(seen) - 1
-        assert dec.dcache.length == len(seen) - len(dec._d_pending)
-    ends = {"all" if r.accepted == r.draft_length else "none" if r.accepted == 0 else "some"
-            for r in dec.result.rounds}
-    assert ends == {"all", "some", "none"}, ends
-    # The target cache equals a fresh prefill of the accepted tokens; the draft's backing store too.
-    fresh_t = DynamicCache(config=testbed_target.config)
-    ids = torch.tensor([seen[:-1]])
-    with torch.no_grad():
-        testbed_target(ids, cache=fresh_t, position_ids=torch.arange(ids.shape[1])[None])
-    for a, b in zip(dec.tcache.layers, fresh_t.layers):
+def scripted_run():
+    """A random Llama target and its scripted copy (tests/conftest.py) whose rounds accept SCRIPT, then all k; a
+    rift-dyn draft cache (budget 64 against a 150-token prompt) refreshed before every other round."""
+    target = random_model("llama", seed=0)
+    prompt = torch.randint(0, 128, (150,), generator=torch.Generator().manual_seed(0)).tolist()
+    reference = greedy_reference(target, prompt, script_tokens())
+    draft = scripted_draft(target, prompt, reference, SCRIPT, SCRIPT_K)
+    pol = policy("rift-ada", budget=64)  # EveryOtherRound
+    return SpeculativeDecoder(target, draft, pol.layout, draft_length=SCRIPT_K), pol.controller, prompt, reference
+
+
+def test_rollback_leaves_caches_as_if_never_fed():
+    """Rounds that accept every count 0..k (asserted), a compressed draft cache refreshed every other round: after
+    each round both caches hold exactly the kept tokens, the draft's bit for bit as if the rejected ones were never
+    fed (tests/conftest.py decode_checking_rollback: keys, values, backing store, selection, recorded queries). At
+    the end the target's cache equals a fresh prefill and the draft's layer-0 backing store (keys that do not
+    depend on the cache) holds the keys of exactly the kept tokens."""
+    dec, controller, prompt, reference = scripted_run()
+    accepted = decode_checking_rollback(dec, prompt, script_tokens(), controller)
+    assert accepted == SCRIPT + [SCRIPT_K] * 2 and set(accepted) == set(range(SCRIPT_K + 1))
+    assert dec.result.tokens == reference and dec.result.refreshes == len(accepted) // 2
+    seen = prompt + dec.result.tokens
+    fresh = DynamicCache(config=dec.target.config)
+    feed(dec.target, fresh, seen[:-1], observe=False)
+    for a, b in zip(dec.tcache.layers, fresh.layers):
         torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=0)
     n = dec.dcache.length
-    fresh_d = DynamicCache(config=testbed_draft.config)
-    with torch.no_grad():
-        testbed_draft(ids[:, :n], cache=fresh_d, position_ids=torch.arange(n)[None])
-    # Only the prompt part is computed densely in the draft; later tokens saw a compressed cache.
-    L = len(testbed_prompt)
-    for a, b in zip(dec.dcache.layers, fresh_d.layers):
-        assert a.store_k.shape[2] == n
-        torch.testing.assert_close(a.store_k[:, :, :L], b.keys[:, :, :L], atol=1e-5, rtol=0)
+    torch.testing.assert_close(dec.dcache.layers[0].store_k, fresh.layers[0].keys[:, :, :n], atol=1e-5, rtol=0)
+
+
+def test_tokens_since_refresh_restarts_at_each_refresh():
+    """Refreshing before every other round: each round's recorded tokens_since_refresh (the state its decision saw)
+    counts the tokens emitted since the last refresh, that refresh's round included, and restarts there; the
+    signal is that count / SINCE_SCALE."""
+    dec, controller, prompt, _ = scripted_run()
+    res = dec.generate(prompt, script_tokens(), controller)
+    emitted = [r.emitted for r in res.rounds]
+    last = [max([j for j in range(i) if res.rounds[j].refreshed], default=0) for i in range(len(emitted) + 1)]
+    expected = [sum(emitted[last[i]:i]) for i in range(len(emitted) + 1)]
+    assert [r.tokens_since_refresh for r in res.rounds] == expected[:-1]
+    assert dec.state.tokens_since_refresh == expected[-1] > 0
+    assert signals.observe(dec.state)[signals.index("since_refresh")] == np.float32(expected[-1] / signals.SINCE_SCALE)
+    assert sum(r.refreshed for r in res.rounds) >= 5 and len(set(expected)) > 3, expected
 
 
 def test_draft_equal_to_target_accepts_everything_when_sampling():

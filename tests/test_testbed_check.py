@@ -25,15 +25,19 @@ def test_copy_accuracy_counts_positions():
     assert copy_accuracy([1, 2, 3], [1, 2], 8) == 1.0  # scored over the reference that exists
 
 
-def test_check_cli_json_fields():
-    out = cli("check", "--json", "--prompts", "2", "--new-tokens", "24", "--input-tokens", "1024",
-              "--family-prompts", "1", "--code-windows", "2")
+def test_check_cli_json_fields(tokenizer, testbed_target, testbed_draft):
+    """The CLI's JSON is run_check's result on the tasks its options name, field for field: here on the trained
+    pair, whose scores are far from 0 and 1 (the shipped pair copies every token of these prompts, so scores of 1.0
+    would not show a mixed-up field); run_check itself is checked against recomputed scores below."""
+    out = cli("check", "--json", "--per-prompt", "--prompts", "2", "--new-tokens", "24", "--input-tokens", "1024",
+              "--target", "testbed-lm", "--draft", "testbed-lm-draft", "--code-windows", "0", "--family-prompts", "0")
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
-    assert set(res) >= {"target_copy_accuracy", "draft_copy_accuracy", "draft_agreement", "prompts"}
-    assert res["prompts"] == 2
-    for k in ("target_copy_accuracy", "draft_copy_accuracy", "draft_agreement"):
-        assert 0.0 <= res[k] <= 1.0
+    tasks = build_tasks(tokenizer, "low", n=2, input_tokens=1024, seed=0)
+    expected = run_check(testbed_target, testbed_draft, tokenizer, tasks, new_tokens=24, progress=False)
+    assert res == expected
+    assert res["prompts"] == 2 and len({res[k] for k in ("target_copy_accuracy", "draft_copy_accuracy",
+                                                          "draft_agreement")}) == 3, res
 
 
 def test_check_scores_the_draft_it_is_given(tokenizer, testbed_target, testbed_draft):

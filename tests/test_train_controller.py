@@ -5,11 +5,75 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
+
+from rift_ada import signals
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "train_controller.py"
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", WANDB_SILENT="true")
 
 
+LEARNED = ("threshold", "entropy", "logistic", "ppo", "dqn", "oracle")
+
+
+def periodic_envelope(rows: list[dict]) -> list[tuple[float, float]]:
+    """(refreshes per 1K, AL) of periodic refresh, never refreshing as its 0 point, AL made non-decreasing."""
+    pts = sorted((0.0 if r["family"] == "never" else float(r["refreshes_per_1k"]), float(r["acceptance_length"]))
+                 for r in rows if r["family"] in ("never", "periodic"))
+    return [(x, max(a for _, a in pts[:i + 1])) for i, (x, _) in enumerate(pts)]
+
+
+def refreshes_needed(al: float, env) -> float | None:
+    """The refresh rate at which periodic refresh reaches ``al`` (linear between its points), None beyond it."""
+    if al <= env[0][1]:
+        return env[0][0]
+    for (r0, a0), (r1, a1) in zip(env, env[1:]):
+        if a0 < al <= a1:
+            return r0 + (al - a0) * (r1 - r0) / (a1 - a0)
+    return None
+
+
+def expected_summary_lines(rows: list[dict]) -> list[str]:
+    """The job's closing lines, recomputed from tradeoff.csv: per learned family the best refresh savings at
+    matched AL (1 - rate / periodic's rate for that AL) and AL gain at matched refreshes."""
+    env = periodic_envelope(rows)
+    lines = []
+    for fam in dict.fromkeys(r["family"] for r in rows if r["family"] in LEARNED):
+        savings, gains = [], []
+        for r in (r for r in rows if r["family"] == fam):
+            rate, al = float(r["refreshes_per_1k"]), float(r["acceptance_length"])
+            need = refreshes_needed(al, env)
+            savings += [1 - rate / need] if need else []
+            gains.append(al - float(np.interp(rate, *zip(*env))))
+        sav = f"{100 * max(savings):.1f}%" if savings else "n/a"
+        lines.append(f"{fam}: {sav} fewer refreshes than periodic at matched AL; AL gain at matched refresh count "
+                     f"{max(gains):+.3f}")
+    return lines
+
+
+def test_matched_comparison_on_known_points():
+    """Periodic refresh at (0, 2.0) [never], (10, 3.0), (20, 4.0) and (30, 3.5) refreshes per 1K / AL (made
+    monotone: 4.0 at 30). A controller at (5, 3.5) needs periodic's 15 refreshes for its AL, so it saves 1 - 5/15;
+    at 5 periodic reaches 2.5, a gain of 1.0. One above periodic's best AL has no savings; one below never's needs
+    no refresh (no savings either) and gains 1.0 - 2.0."""
+    from rift_ada.tradeoff import matched_comparison
+
+    rows = [{"family": f, "knob": k, "refreshes_per_1k": r, "acceptance_length": a} for f, k, r, a in [
+        ("never", "-", 0.0, 2.0), ("periodic", 10, 10.0, 3.0), ("periodic", 20, 20.0, 4.0),
+        ("periodic", 30, 30.0, 3.5), ("threshold", 0.5, 5.0, 3.5), ("ppo", 1.0, 40.0, 5.0), ("dqn", 1.0, 0.0, 1.0)]]
+    fams = matched_comparison(rows)["families"]
+    assert fams["threshold"]["refresh_savings"] == pytest.approx(1 - 5 / 15) and fams["threshold"]["al_gain"] == 1.0
+    assert fams["ppo"]["refresh_savings"] is None and fams["ppo"]["al_gain"] == 1.0
+    assert fams["dqn"]["refresh_savings"] is None and fams["dqn"]["al_gain"] == -1.0
+    assert expected_summary_lines(rows) == [
+        "threshold: 66.7% fewer refreshes than periodic at matched AL; AL gain at matched refresh count +1.000",
+        "ppo: n/a fewer refreshes than periodic at matched AL; AL gain at matched refresh count +1.000",
+        "dqn: n/a fewer refreshes than periodic at matched AL; AL gain at matched refresh count -1.000"]
+
+
+@pytest.mark.timeout(1200)  # the job's own timeout is 900 s
 def test_main_job_small_run_writes_wandb_offline_table_and_outputs(tmp_path):
     out = tmp_path / "run"
     args = ["--target", "testbed-lm", "--drafter", "testbed-lm", "--train-prompts", "3", "--eval-prompts", "2",
@@ -21,21 +85,35 @@ def test_main_job_small_run_writes_wandb_offline_table_and_outputs(tmp_path):
     res = subprocess.run([sys.executable, str(SCRIPT), *args], env=ENV, capture_output=True, text=True, timeout=900,
                          cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "fewer refreshes than periodic at matched AL" in res.stdout
     rows = list(csv.DictReader((out / "tradeoff.csv").open()))
     metrics = json.loads((out / "metrics.json").read_text())
+    printed = [line for line in res.stdout.splitlines() if "fewer refreshes than periodic at matched AL" in line]
+    assert printed == expected_summary_lines(rows), res.stdout[-2000:]
     both_classes = 0 < metrics["counterfactual"]["positive_rate"] < 1
     assert {r["family"] for r in rows} == {"never", "periodic", "threshold", "entropy", "ppo", "dqn", "oracle"} | (
         {"logistic"} if both_classes else set())
     oracle = next(r for r in rows if r["family"] == "oracle")
     assert float(oracle["knob"]) == 2 and oracle["al_gain"] != "", "the oracle is compared with periodic too"
-    assert all(float(r["acceptance_length"]) >= 1.0 for r in rows)
+    full = metrics["full_cache_acceptance_length"]
+    assert all(float(r["al_vs_full"]) == pytest.approx(float(r["acceptance_length"]) / full, rel=1e-12) for r in rows)
+    never = next(r for r in rows if r["family"] == "never")
+    assert int(never["refreshes"]) == 0 and float(never["acceptance_length"]) < full, "the budget binds"
     entropy = next(r for r in rows if r["family"] == "entropy")
-    assert 0 <= float(entropy["knob"]) <= 1 and entropy["al_gain"] != "", "compared with periodic like the others"
+    # The entropy rule's knob: the median draft entropy of the counterfactual states (4 significant digits).
+    states = [x for f in sorted((out / "state").glob("counterfactual-*.json")) for x in json.loads(f.read_text())["X"]]
+    median_entropy = np.quantile(np.array(states)[:, signals.index("entropy_mean")], 0.5)
+    assert len(states) == metrics["counterfactual"]["states"]
+    assert float(entropy["knob"]) == float(f"{median_entropy:.4g}") and entropy["al_gain"] != ""
     assert (out / "tradeoff.png").stat().st_size > 1000 and (out / "tradeoff_time.png").stat().st_size > 1000
     assert Path(metrics["controller"]).exists()
-    assert metrics["reward"] == "time" and all(v > 0 for v in metrics["costs"].values())
-    assert all(r["modelled_tokens_per_s"] > 0 for r in metrics["rows"])
+    # Each row's modelled speed: its sweep unit's tokens over the modelled time of its rounds at the measured costs.
+    assert metrics["reward"] == "time"
+    c = metrics["costs"]
+    for r in metrics["rows"]:
+        knob = "" if r["knob"] == "-" else "-q0.5" if r["family"] == "entropy" else f"-{float(r['knob']):g}"
+        u = json.loads((out / "state" / f"sweep-{r['family']}{knob}.json").read_text())
+        seconds = u["drafted"] * c["draft_step_s"] + u["rounds"] * c["verify_s"] + u["refreshes"] * c["refresh_s"]
+        assert r["modelled_tokens_per_s"] == pytest.approx(u["tokens"] / seconds, rel=1e-12), r
     from rift_ada.refresh import DQNController, load_controller
 
     dqn = load_controller(out / "state" / "dqn-lam0.5.pt")  # the DQN run's export, as the sweep loaded it

@@ -12,14 +12,20 @@ SCORERS = {"snapkv": SnapKVScorer, "tova": TOVAScorer, "keynorm": KeyNormScorer,
 
 
 def make_scorer(name: str, **options) -> Scorer:
-    """Build a scorer by name; ``options`` go to its dataclass (e.g. ``window``, ``kernel``, ``pooling``)."""
+    """Build a scorer by name; ``options`` go to its dataclass (e.g. snapkv's ``kernel``, ``pooling``,
+    ``lookahead``). An option the scorer does not take is refused (ValueError naming it), not dropped: a setting
+    that silently does nothing would make a sweep over it measure noise."""
     if isinstance(name, Scorer):
         return name
     if name not in SCORERS:
         raise ValueError(f"unknown scorer {name!r}; choose one of {', '.join(SCORERS)}")
     cls = SCORERS[name]
-    fields = cls.__dataclass_fields__
-    return cls(**{k: v for k, v in options.items() if k in fields and fields[k].init})
+    known = [k for k, f in cls.__dataclass_fields__.items() if f.init and k not in ("name", "needs_queries")]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"scorer {name!r} has no option {', '.join(map(repr, unknown))}; its options: "
+                         f"{', '.join(known) or 'none'}")
+    return cls(**options)
 
 
 __all__ = ["SCORERS", "KeyNormScorer", "RandomScorer", "Scorer", "SnapKVScorer", "StreamingScorer", "TOVAScorer",

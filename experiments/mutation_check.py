@@ -42,6 +42,7 @@ WINDOW = ["tests/test_cache.py::test_eviction_keeps_exactly_the_layout_positions
           "tests/test_cache.py::test_tight_budget_holding_everything_equals_dense",
           "tests/test_speculative.py::test_greedy_equals_target_generate_testbed_policies"]
 
+FAR_GATE = ["tests/test_circuit.py::test_far_gate_switches_the_far_window_off_after_a_sort_header"]
 
 @dataclass
 class Mutation:
@@ -136,6 +137,11 @@ MUTATIONS = [
              [("rift_ada/tradeoff.py", "return float(r1 if a1 == a0 else r0 + (al - a0) * (r1 - r0) / (a1 - a0))",
                "return float(r1)")],
              ["tests/test_train_controller.py::test_matched_comparison_on_known_points"]),
+    Mutation("far-gate-never-fires", "the testbed target's far gate never counts a sort header",
+             [("rift_ada/testbed/circuit.py", "ctx.rows(q_head, torch.tensor([c.match_dim + 1]))] = a * (hi - lo + 1)",
+               "ctx.rows(q_head, torch.tensor([c.match_dim + 1]))] = 0.0")], FAR_GATE),
+    Mutation("far-gate-keeps-the-far-query", "the far gate fires but leaves the far query window in place",
+             [("rift_ada/testbed/circuit.py", "{col: 1.0}, col, gain=-1.0)", "{col: 1.0}, col, gain=0.0)")], FAR_GATE),
     Mutation("refresh-ignores-generated", "a refresh rescores only the prompt part of the backing store",
              [("rift_ada/cache.py", "        self.query_pos: torch.Tensor | None = None  # (nq,)\n",
                "        self.query_pos: torch.Tensor | None = None  # (nq,)\n        self.prompt_length = None\n"),

@@ -1,6 +1,6 @@
 """Learn when to refresh the draft's RIFT cache, and compare every controller family on a tradeoff curve.
 
-    python experiments/train_controller.py                  # built-in testbed, about 12 minutes on 2 CPU cores
+    python experiments/train_controller.py                  # built-in testbed, under 20 minutes on 2 CPU cores
     python experiments/train_controller.py --resume         # after an interruption: continue where it stopped
 
 1. Counterfactual data on training prompts: at many decoder states, fork, refresh in one branch only, and compare
@@ -59,8 +59,8 @@ def parse_args(argv=None):
                    help="task family: low, mixed, high, or a comma-separated mix (e.g. low,high: the controller must "
                         "learn where a refresh pays off)")
     m.add_argument("--input-tokens", type=int, default=2048)
-    m.add_argument("--train-prompts", type=int, default=8, help="prompts for counterfactual data and PPO")
-    m.add_argument("--eval-prompts", type=int, default=6, help="held-out prompts for the tradeoff curves")
+    m.add_argument("--train-prompts", type=int, default=4, help="prompts for counterfactual data and PPO")
+    m.add_argument("--eval-prompts", type=int, default=3, help="held-out prompts for the tradeoff curves")
     t = p.add_argument_group("training")
     t.add_argument("--horizon", type=int, default=8, help="rounds per counterfactual branch")
     t.add_argument("--label-every", type=int, default=2, help="label every n-th round of the data trajectories")
@@ -74,26 +74,26 @@ def parse_args(argv=None):
     t.add_argument("--label-margin", type=float, default=None,
                    help="label a state 'refresh' when refreshing gains more accepted tokens than this over the "
                         "horizon (default: the refresh cost)")
-    t.add_argument("--ppo-timesteps", type=int, default=2000,
+    t.add_argument("--ppo-timesteps", type=int, default=1024,
                    help="PPO environment steps (rounds) per lambda, rounded up to whole rollouts (128 x --n-envs)")
     t.add_argument("--learners", default="ppo",
                    help="comma-separated stable-baselines3 learners to train per lambda: ppo, dqn (e.g. ppo,dqn)")
     t.add_argument("--dqn-timesteps", type=int, default=2000,
                    help="DQN environment steps (rounds) per lambda, rounded up to a multiple of --n-envs")
-    t.add_argument("--lams", type=float, nargs="+", default=[1.0, 4.0],
+    t.add_argument("--lams", type=float, nargs="+", default=[4.0],
                    help="refresh-cost weights for the learners (their knob on the tradeoff curve)")
     t.add_argument("--n-envs", type=int, default=2, help="RefreshEnvs stepping together for PPO / DQN")
     t.add_argument("--vec-env", default="dummy", choices=["dummy", "subproc"],
                    help="dummy: the envs step in this process, sharing its models; subproc: one worker process per env, "
                         "each loading its own models (experiments/bench_env.py measures both)")
     k = p.add_argument_group("tradeoff sweep")
-    k.add_argument("--periods", type=int, nargs="+", default=[16, 32, 64, 128, 256])
-    k.add_argument("--acc-thresholds", type=float, nargs="+", default=[0.3, 0.5, 0.7, 0.85])
-    k.add_argument("--entropy-quantiles", type=float, nargs="+", default=[0.5, 0.75, 0.9, 0.97],
+    k.add_argument("--periods", type=int, nargs="+", default=[16, 32, 64, 128])
+    k.add_argument("--acc-thresholds", type=float, nargs="+", default=[0.5, 0.85])
+    k.add_argument("--entropy-quantiles", type=float, nargs="+", default=[0.9],
                    help="entropy rule: refresh when the last round's mean draft entropy exceeds these quantiles of "
                         "the entropies in the counterfactual data (the knob reported is the entropy level)")
-    k.add_argument("--logistic-thresholds", type=float, nargs="+", default=[0.3, 0.5, 0.7, 0.85])
-    k.add_argument("--oracle-lams", type=float, nargs="*", default=[1.0, 4.0, 16.0],
+    k.add_argument("--logistic-thresholds", type=float, nargs="+", default=[0.7])
+    k.add_argument("--oracle-lams", type=float, nargs="*", default=[1.0, 4.0],
                    help="the hindsight oracle (rift_ada/oracle.py) at these refresh prices in accepted tokens: its "
                         "points on the tradeoff curve show the saving a controller could reach (none: skip it)")
     k.add_argument("--oracle-beam", type=int, default=2, help="oracle: branches kept at each decision")

@@ -29,7 +29,8 @@ from .refresh_env import RefreshEnv
 
 
 @lru_cache(maxsize=4)
-def _pair(target: str, drafter: str, device: str, dtype: str | None):
+def shared_pair(target: str, drafter: str, device: str, dtype: str | None):
+    """``rift_ada.models.load_pair``, once per process and settings: every env of a process shares the models."""
     from rift_ada.models import load_pair
 
     return load_pair(target, drafter, device=device, dtype=dtype)
@@ -57,14 +58,13 @@ class RefreshEnvSpec:
     threads: int | None = field(default=1)  # torch threads in a worker (None: leave torch's setting)
 
     def __call__(self) -> RefreshEnv:
-        from rift_ada.speculative import SpeculativeDecoder
+        from rift_ada.speculative import Decoding, SpeculativeDecoder
 
         if self.threads is not None:
             torch.set_num_threads(self.threads)
-        pair = _pair(self.target, self.drafter, self.device, self.dtype)
-        decoder = SpeculativeDecoder(pair.target, None if pair.self_speculative else pair.draft, self.layout,
-                                     self.draft_length, temperature=self.temperature, top_p=self.top_p,
-                                     eos_token_id=pair.tokenizer.eos_token_id, seed=self.seed)
+        pair = shared_pair(self.target, self.drafter, self.device, self.dtype)
+        decoding = Decoding(self.draft_length, self.temperature, self.top_p, self.seed)
+        decoder = SpeculativeDecoder.for_pair(pair, self.layout, decoding)
         return RefreshEnv(decoder, [list(p) for p in self.prompts], self.max_new_tokens, lam=self.lam,
                           refresh_cost=self.refresh_cost, reward=self.reward, costs=self.costs)
 

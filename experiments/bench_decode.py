@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     from rift_ada.models import assisted_reference, greedy_reference
     from rift_ada.profiling import profile_decode
     from rift_ada.refresh import PeriodicController
-    from rift_ada.speculative import SpeculativeDecoder
+    from rift_ada.speculative import Decoding, SpeculativeDecoder
 
     try:
         pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype, device_map=args.device_map)
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         prompts = [encode(pair.tokenizer, t.prompt) for t in tasks]
         row = {"input_tokens": length}
         for name, layout in (("full", CacheLayout("full")), ("rift-stat", CacheLayout("rift", args.budget, store=False))):
-            dec = SpeculativeDecoder(pair.target, pair.draft, layout, args.draft_length, eos_token_id=eos)
+            dec = SpeculativeDecoder.for_pair(pair, layout, Decoding(args.draft_length))
             ev = evaluate(dec, prompts, None, args.max_new_tokens)
             rounds = [r for x in ev.results for r in x.rounds]
             steps = sum(r.draft_length for r in rounds)
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
         ours, overhead = {}, {}
         for label, layout, ctrl in (("rift_ada_full", CacheLayout("full"), None),
                                     ("rift_ada_dyn", CacheLayout("rift", args.budget), PeriodicController(args.period))):
-            dec = SpeculativeDecoder(pair.target, pair.draft, layout, args.draft_length, eos_token_id=eos)
+            dec = SpeculativeDecoder.for_pair(pair, layout, Decoding(args.draft_length))
             runs = [profile_decode(dec, ids, args.max_new_tokens, ctrl) for ids in prompts]
             ours[label] = [r.tokens for r in runs], sum(r.seconds for r in runs)
             step = sum(r.step_seconds for r in runs)

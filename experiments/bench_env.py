@@ -67,9 +67,9 @@ def main(argv=None) -> int:
         check_output(args.output)
         layout = policy_from_args(args, "rift-ada", controller="never").layout
         from rift_ada.data import encode_prompts
-        from rift_ada.envs.vec import RefreshEnvSpec, _pair
+        from rift_ada.envs.vec import RefreshEnvSpec, shared_pair
 
-        pair = _pair(args.target, args.drafter, args.device, args.dtype)
+        pair = shared_pair(args.target, args.drafter, args.device, args.dtype)
         prompts = tuple(tuple(p) for p in encode_prompts(pair.tokenizer, tasks_from_args(args, pair.tokenizer)))
         rows = []
         for vec in args.vec:

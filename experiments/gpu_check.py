@@ -225,14 +225,14 @@ def testbed_lossless(device: str, k: int) -> dict:
     from rift_ada.evaluate import evaluate
     from rift_ada.models import load_pair
     from rift_ada.policies import make_policy
-    from rift_ada.speculative import SpeculativeDecoder
+    from rift_ada.speculative import Decoding, SpeculativeDecoder
 
     pair = load_pair("testbed", "testbed-draft", device=device, dtype="float32")
     prompts = [encode(pair.tokenizer, t.prompt) for t in build_tasks(pair.tokenizer, "low", n=2, input_tokens=2048)]
     out = {}
     for name, kw in (("full", {}), ("rift-stat", {"budget": 256}), ("rift-dyn", {"budget": 256, "period": 32})):
         pol = make_policy(name, **kw)
-        dec = SpeculativeDecoder(pair.target, pair.draft, pol.layout, k, eos_token_id=pair.tokenizer.eos_token_id)
+        dec = SpeculativeDecoder.for_pair(pair, pol.layout, Decoding(k))
         ev = evaluate(dec, prompts, pol.controller, 128, greedy_check=True)
         out[name] = {"acceptance_length": ev.summary["acceptance_length"],
                      "target_greedy_match": ev.summary["target_greedy_match"]}

@@ -13,8 +13,8 @@ import argparse
 import sys
 
 from rift_ada.cli import (ArgumentParser, add_cache_options, add_decoding_options, add_runtime_options,
-                          add_task_options, apply_runtime, check_output, fail, policy_from_args, tasks_from_args,
-                          write_output)
+                          add_task_options, apply_runtime, check_output, decoding_from_args, fail, policy_from_args,
+                          tasks_from_args, write_output)
 
 POLICIES = ("full", "window", "snapkv", "rift-stat", "rift-dyn")
 
@@ -45,9 +45,7 @@ def main(argv=None) -> int:
             pair = load_pair(args.target, drafter, device=args.device, dtype=args.dtype)
             prompts = encode_prompts(pair.tokenizer, tasks_from_args(args, pair.tokenizer))
             for name, policy in policies.items():
-                dec = SpeculativeDecoder(pair.target, None if pair.self_speculative else pair.draft, policy.layout,
-                                         args.draft_length, temperature=args.temperature, top_p=args.top_p,
-                                         eos_token_id=pair.tokenizer.eos_token_id, seed=args.seed)
+                dec = SpeculativeDecoder.for_pair(pair, policy.layout, decoding_from_args(args))
                 ev = evaluate(dec, prompts, policy.controller, args.max_new_tokens,
                               greedy_check=args.temperature == 0, progress=f"{drafter} {name}")
                 rows.append({"drafter": drafter, "policy": name, "budget": policy.layout.budget, **ev.summary})

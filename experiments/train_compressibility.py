@@ -253,7 +253,7 @@ def wandb_table(columns, data):
 def evaluate_table(pair, base, student, eval_ids, args, state) -> list[dict]:
     from rift_ada.evaluate import evaluate
     from rift_ada.policies import make_policy
-    from rift_ada.speculative import SpeculativeDecoder
+    from rift_ada.speculative import Decoding, SpeculativeDecoder
 
     n_input = sum(len(x) for x in eval_ids) / len(eval_ids)
     configs = [("full", None)] + [(pol, frac) for frac in args.budgets for pol in ("rift-stat", "rift-dyn")]
@@ -264,9 +264,8 @@ def evaluate_table(pair, base, student, eval_ids, args, state) -> list[dict]:
         policy = make_policy(pol_name, budget=budget, period=args.period if pol_name == "rift-dyn" else None)
         al = {}
         for label, drafter in (("untrained", base), ("trained", student)):
-            draft = None if (drafter is pair.target) else drafter
-            dec = SpeculativeDecoder(pair.target, draft, policy.layout, args.draft_length, temperature=temp,
-                                     eos_token_id=pair.tokenizer.eos_token_id, seed=args.seed)
+            dec = SpeculativeDecoder.for_pair(pair, policy.layout, Decoding(args.draft_length, temp, seed=args.seed),
+                                              drafter)
             al[label] = evaluate(dec, eval_ids, policy.controller, args.eval_new_tokens).summary["acceptance_length"]
         return {"temperature": temp, "policy": pol_name, "budget_fraction": frac, "budget": budget,
                 "al_untrained": al["untrained"], "al_trained": al["trained"],

@@ -9,7 +9,7 @@ transformers' ``AttentionInterface`` with a ``layer_idx`` on each attention modu
 - ``sliding``: a sliding window (``sliding_attention``), the model's own window in both caches;
 - ``state``: linear attention / Mamba (``linear_attention``: Qwen3.5's Gated DeltaNet, Nemotron-H's Mamba-2), a
   fixed-size conv + recurrent state that is exact and never compressed; a rollback restores it from a checkpoint
-  (``rift_ada.states``), since a recurrent state cannot be cropped;
+  (``rift_ada.recurrent``), since a recurrent state cannot be cropped;
 - ``none``: a layer without any cache (Nemotron-H's MLP and MoE blocks).
 
 ``FAMILIES`` is the tested matrix: each entry builds a tiny random-init model from transformers' own config class.

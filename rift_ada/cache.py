@@ -24,7 +24,7 @@ attention never sees beyond its window, so compressing it would change nothing b
 already bounds.
 
 Linear-attention / Mamba layers of hybrid models (Qwen3.5, Nemotron-H) keep their fixed-size conv and recurrent
-states whole: a :class:`~rift_ada.states.StateLayer` (transformers' ``LinearAttentionLayer`` plus checkpoints). A
+states whole: a :class:`~rift_ada.recurrent.StateLayer` (transformers' ``LinearAttentionLayer`` plus checkpoints). A
 recurrent state cannot be cropped, so a forward that may be rolled back is followed by ``checkpoint()``, and
 ``crop(-n)`` / ``rollback(n)`` restore the states checkpointed ``n`` tokens earlier. Cache-free blocks (MLP / MoE)
 get transformers' ``DummyLayer``.
@@ -39,7 +39,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, Dynamic
 
 from .layout import CacheLayout
 from .selection import gather_positions, observation_window, select_importance
-from .states import StateLayer
+from .recurrent import StateLayer
 
 
 class RiftLayer(CacheLayerMixin):
@@ -360,7 +360,7 @@ class RiftCache(Cache):
 
     def checkpoint_bytes(self) -> int:
         """Bytes of the linear-attention checkpoint slots (up to k - 1 copies of the states, reused every round)."""
-        return sum(t.nbytes for layer in self.state_layers for slot in layer._slots for t in slot)
+        return sum(layer.checkpoint_bytes() for layer in self.state_layers)
 
     def active_tokens(self) -> int:
         """Active entries per head of the first RIFT layer (of the first KV layer if all attention layers slide)."""

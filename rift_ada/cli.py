@@ -156,6 +156,14 @@ def add_decoding_options(parser: argparse.ArgumentParser, max_new_tokens: int = 
     g.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="(default: %(default)s)")
 
 
+def decoding_from_args(args, **overrides):
+    """The :class:`~rift_ada.speculative.Decoding` the decoding options (and ``--seed``) describe."""
+    from .speculative import Decoding
+
+    opts = dict(draft_length=args.draft_length, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    return Decoding(**{**opts, **overrides})
+
+
 def add_task_options(parser: argparse.ArgumentParser, prompts: int = 12, input_tokens: int = 2048,
                      task: str = "low") -> None:
     g = parser.add_argument_group("prompts")

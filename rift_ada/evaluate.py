@@ -8,7 +8,8 @@ greedy ``generate``, and ``uncompressed_prompts``: prompts no longer than the bu
 whole after prefill (a note on stderr says so; full-cache comparisons are legitimate, so they are not refused).
 
 In Python, ``evaluate(decoder, prompts, controller)`` is the same run on a decoder you built; the policy table, the
-benchmark and the trainers call it.
+benchmark and the trainers call it. ``decode(decoder, prompt, max_new_tokens, controller)`` is one prompt's decode:
+the controller loop, which the decoder itself does not run.
 
 Data parallel: ``torchrun --nproc-per-node N -m rift_ada.evaluate ...`` splits the prompts across N processes (each on
 cuda:LOCAL_RANK with --device cuda); rank 0 prints what one process would, timings aside (rift_ada.distributed).
@@ -28,8 +29,10 @@ from tqdm.auto import tqdm
 
 from . import distributed
 from .cli import (ArgumentParser, add_cache_options, add_decoding_options, add_model_options, add_runtime_options,
-                  add_task_options, apply_runtime, fail_in_group, policy_from_args, tasks_from_args)
+                  add_task_options, apply_runtime, decoding_from_args, fail_in_group, policy_from_args,
+                  tasks_from_args)
 from .metrics import acceptance_length, summarize
+from .refresh.base import refresh_wanted
 
 if TYPE_CHECKING:  # imported when used: bad options fail before torch and transformers load
     from .speculative import DecodeResult, SpeculativeDecoder
@@ -40,6 +43,16 @@ class Evaluation:
     results: list[DecodeResult]  # one per prompt, with every round's record
     summary: dict  # rift_ada.metrics.summarize, plus target_greedy_match
     rows: list[dict] = field(default_factory=list)  # per prompt: AL, refreshes, tokens (and the greedy match)
+
+
+def decode(decoder: SpeculativeDecoder, prompt_ids: Sequence[int], max_new_tokens: int,
+           controller=None) -> DecodeResult:
+    """Decode one prompt to the end, ``controller`` (``rift_ada.refresh``) deciding each round's refresh from the
+    signals (None: never refresh)."""
+    decoder.reset(prompt_ids, max_new_tokens)
+    while not decoder.done:
+        decoder.step(refresh_wanted(controller, decoder.state))
+    return decoder.result
 
 
 def evaluate(decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]], controller=None,
@@ -58,7 +71,7 @@ def evaluate(decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]], cont
     decoded = []  # (prompt index, (result, row)) for this process's shard: all prompts in a single process
     for i, ids in tqdm(distributed.shard(prompts), desc=desc, disable=not progress or not distributed.is_main()):
         with distributed.on_shard(i):
-            res = decoder.generate(ids, max_new_tokens, controller)
+            res = decode(decoder, ids, max_new_tokens, controller)
             row = {"prompt": i, "prompt_tokens": len(ids), "acceptance_length": acceptance_length(res.rounds),
                    "refreshes": res.refreshes, "generated_tokens": len(res.tokens)}
             if greedy_check:
@@ -109,14 +122,13 @@ def run(args) -> dict:
 
     pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype, device_map=args.device_map)
     tasks = tasks_from_args(args, pair.tokenizer)
-    draft = None if pair.self_speculative else pair.draft
+    draft = None
     if args.lora:
         from .lora import load_drafter
 
         draft = load_drafter(pair.draft, args.lora, merge=args.lora_merge)
-    dec = SpeculativeDecoder(pair.target, draft, policy.layout, draft_length=args.draft_length,
-                             temperature=args.temperature, top_p=args.top_p, eos_token_id=pair.tokenizer.eos_token_id,
-                             seed=args.seed, store_device=args.store_device)
+    dec = SpeculativeDecoder.for_pair(pair, policy.layout, decoding_from_args(args), draft,
+                                      store_device=args.store_device)
     prompts = [encode(pair.tokenizer, task.prompt) for task in tasks]
     budget = policy.layout.budget
     whole = [len(ids) for ids in prompts if budget is None or len(ids) <= budget]

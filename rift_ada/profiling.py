@@ -1,7 +1,7 @@
 """Where a round's time goes: the models' forwards, the cache's rescoring, and the rest (the framework's overhead).
 
-``profile_decode(decoder, prompt, max_new_tokens, controller)`` decodes one prompt like ``decoder.generate`` and
-times every ``step()`` from outside, while forward hooks on the models time their forward calls (the caches' own
+``profile_decode(decoder, prompt, max_new_tokens, controller)`` decodes one prompt like ``rift_ada.evaluate.decode``
+and times every ``step()`` from outside, while forward hooks on the models time their forward calls (the caches' own
 updates run inside those calls and count as forward time). Overhead = step time - forward time - refresh time: the
 sampling, acceptance, rollback bookkeeping, signals and Python around the models.
 """
@@ -64,7 +64,7 @@ class DecodeProfile:
 
 
 def profile_decode(decoder, prompt, max_new_tokens: int, controller=None) -> DecodeProfile:
-    from . import signals
+    from .refresh.base import refresh_wanted
 
     def now():
         if decoder.device.type == "cuda":
@@ -77,7 +77,7 @@ def profile_decode(decoder, prompt, max_new_tokens: int, controller=None) -> Dec
     clock = ForwardClock(decoder.target, decoder.draft)
     try:
         while not decoder.done:
-            decoder.step(controller is not None and bool(controller.decide(signals.observe(decoder.state))))
+            decoder.step(refresh_wanted(controller, decoder.state))
     finally:
         clock.close()
     end = now()

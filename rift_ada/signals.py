@@ -17,12 +17,9 @@ in the environment reads the same vector the decoding loop gives it.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from .speculative import DecoderState
 
 HISTORY = 4
 SINCE_SCALE = 4096.0  # a power of two: since_refresh * SINCE_SCALE is exactly the token count (up to the cap)
@@ -30,6 +27,22 @@ NAMES = tuple(f"acc_{i + 1}" for i in range(HISTORY)) + (
     "acc_mean", "entropy_mean", "entropy_max", "drift", "since_refresh", "position")
 LOW = np.zeros(len(NAMES), dtype=np.float32)
 HIGH = np.ones(len(NAMES), dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class DecoderState:
+    """What a refresh decision may look at between rounds: published by the decoder (``SpeculativeDecoder.state``),
+    read by :func:`observe`."""
+
+    generated: int  # tokens generated so far
+    max_new_tokens: int
+    rounds: int
+    tokens_since_refresh: int
+    drift: float  # query drift since the last scoring (computed once per round)
+    acceptance: tuple[float, ...]  # accepted / k of the last HISTORY rounds, most recent first
+    entropy_mean: float  # of the last round (0 before any round)
+    entropy_max: float
+    vocab_size: int
 
 
 def index(name: str) -> int:

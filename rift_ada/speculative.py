@@ -1,15 +1,16 @@
 """Step-wise speculative decoding with a RIFT draft cache.
 
 ``SpeculativeDecoder.reset(prompt)`` prefills both models; ``step(refresh)`` runs one round and returns a
-``RoundRecord``; ``decoder.state`` is a small read-only summary after each round, from which ``rift_ada.signals``
-computes a controller's observation. ``generate()``, ``rift_ada.evaluate.evaluate``, the Gymnasium environment and
-the trainers all drive this one object, so there is exactly one implementation of a round.
+``RoundRecord``; ``decoder.state`` is a small read-only summary after each round (``rift_ada.signals.DecoderState``),
+from which ``rift_ada.signals`` computes a controller's observation. The decoder never asks a controller: whoever
+drives it does (``rift_ada.evaluate.decode``, the Gymnasium environment, the trainers), so there is exactly one
+implementation of a round and the decoder knows nothing of controllers.
 
 State between rounds: the target's cache holds every token except the last one emitted (``_t_pending``); the draft's
 cache holds every token except ``_d_pending`` (one token, or two after a round in which all k drafts were accepted,
 because the last draft token was never fed to the draft).
 
-Hybrid models (linear-attention / Mamba layers, ``rift_ada.states``) on either side: the draft checkpoints its
+Hybrid models (linear-attention / Mamba layers, ``rift_ada.recurrent``) on either side: the draft checkpoints its
 states after each draft forward and restores the one after the last kept token; the target's states are copied
 before the verify forward, and a round that rejects a draft puts them back and feeds the kept tokens again.
 """
@@ -23,13 +24,14 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from . import signals
 from .architectures import layer_kinds
 from .attention import check_observable
 from .cache import RiftCache
 from .layout import CacheLayout
 from .models import check_vocab
-from .states import TargetStates
+from .recurrent import TargetStates
+from .signals import HISTORY, DecoderState
+
 
 @dataclass
 class RoundRecord:
@@ -55,18 +57,13 @@ class RoundRecord:
 
 
 @dataclass(frozen=True)
-class DecoderState:
-    """What a refresh decision may look at between rounds: published by the decoder, read by ``signals.observe``."""
+class Decoding:
+    """How a decoder drafts and samples (``rift_ada.cli.decoding_from_args`` reads them from the options)."""
 
-    generated: int  # tokens generated so far
-    max_new_tokens: int
-    rounds: int
-    tokens_since_refresh: int
-    drift: float  # query drift since the last scoring (computed once per round)
-    acceptance: tuple[float, ...]  # accepted / k of the last signals.HISTORY rounds, most recent first
-    entropy_mean: float  # of the last round (0 before any round)
-    entropy_max: float
-    vocab_size: int
+    draft_length: int = 11  # k
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int = 0
 
 
 @dataclass
@@ -222,12 +219,14 @@ class SpeculativeDecoder:
         other._t_pending, other._d_pending = list(self._t_pending), list(self._d_pending)
         return other
 
-    def generate(self, prompt_ids, max_new_tokens: int, controller=None) -> DecodeResult:
-        """Decode to the end; ``controller`` (``rift_ada.refresh``) decides refreshes from the signals (None: never)."""
-        self.reset(prompt_ids, max_new_tokens)
-        while not self.done:
-            self.step(controller is not None and bool(controller.decide(signals.observe(self.state))))
-        return self.result
+    @classmethod
+    def for_pair(cls, pair, layout: CacheLayout, decoding: "Decoding", draft=None,
+                 store_device: str | None = None) -> "SpeculativeDecoder":
+        """A decoder of ``pair`` (``rift_ada.models.ModelPair``) with ``layout`` and the ``decoding`` settings;
+        ``draft`` replaces the pair's draft (e.g. one with a LoRA adapter)."""
+        return cls(pair.target, pair.draft if draft is None else draft, layout, decoding.draft_length,
+                   temperature=decoding.temperature, top_p=decoding.top_p,
+                   eos_token_id=pair.tokenizer.eos_token_id, seed=decoding.seed, store_device=store_device)
 
     # --- a round's bookkeeping ---------------------------------------------------------------------------------------
     def _draft(self, k: int) -> tuple[list[int], list, list[float]]:
@@ -292,7 +291,7 @@ class SpeculativeDecoder:
         return DecoderState(
             generated=len(self.result.tokens), max_new_tokens=self.max_new_tokens, rounds=len(rounds),
             tokens_since_refresh=self.tokens_since_refresh, drift=self.dcache.query_drift(),
-            acceptance=tuple(r.accepted / r.draft_length if r.draft_length else 1.0 for r in rounds[-signals.HISTORY:][::-1]),
+            acceptance=tuple(r.accepted / r.draft_length if r.draft_length else 1.0 for r in rounds[-HISTORY:][::-1]),
             entropy_mean=last.entropy_mean if last else 0.0, entropy_max=last.entropy_max if last else 0.0,
             vocab_size=self.draft.config.vocab_size)
 

@@ -98,11 +98,10 @@ def env_kw(budget: int = 128, input_tokens: int = 1024, prompts: int = 2, max_ne
     """What a RefreshEnv is handed: a fresh decoder (self-speculation on the testbed, a RIFT layout; the models are
     shared) and encoded training-split `low` prompts. Each env gets its own decoder: they hold decoding state."""
     from rift_ada.layout import CacheLayout
-    from rift_ada.speculative import SpeculativeDecoder
+    from rift_ada.speculative import Decoding, SpeculativeDecoder
 
     pair = _testbed_pair(drafter)
-    dec = SpeculativeDecoder(pair.target, None if pair.self_speculative else pair.draft, CacheLayout("rift", budget),
-                             eos_token_id=pair.tokenizer.eos_token_id)
+    dec = SpeculativeDecoder.for_pair(pair, CacheLayout("rift", budget), Decoding())
     return dict(decoder=dec, prompts=_train_prompts(prompts, input_tokens), max_new_tokens=max_new_tokens)
 
 
@@ -164,13 +163,13 @@ def decode_checking_rollback(dec, prompt: list[int], new_tokens: int, controller
     gets the target's kept tokens so far, one chunk per forward (the prompt, then each round's 1 + accepted).
     Attention-only drafts; every round must draft (k > 0: max_new_tokens leaves room). Returns the rounds'
     accepted counts."""
-    from rift_ada import signals
+    from rift_ada.refresh.base import refresh_wanted
 
     dec.reset(prompt, new_tokens)
     chunks = [list(prompt)]
     while not dec.done:
         seen_before, fed_before, before = prompt + dec.result.tokens, dec.dcache.length, dec.dcache.clone()
-        rec = dec.step(controller is not None and bool(controller.decide(signals.observe(dec.state))))
+        rec = dec.step(refresh_wanted(controller, dec.state))
         assert rec.draft_length > 0, "a round without drafts feeds the draft nothing: give max_new_tokens room"
         seen = prompt + dec.result.tokens
         new = seen[len(seen_before):]

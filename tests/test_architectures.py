@@ -20,7 +20,7 @@ from transformers import DynamicCache
 from rift_ada.architectures import FAMILIES, UnsupportedModelError, family
 from rift_ada.attention import check_observable, observer_for
 from rift_ada.cache import RiftCache, SlidingLayer
-from rift_ada.evaluate import evaluate
+from rift_ada.evaluate import decode, evaluate
 from rift_ada.layout import CacheLayout
 from rift_ada.models import greedy_reference
 from rift_ada.policies import make_policy
@@ -66,7 +66,7 @@ def test_greedy_equals_target_generate(key, drafter, name):
     pol = policy(name)
     for k in (1, 4, 11):
         dec = SpeculativeDecoder(target(key), draft, pol.layout, draft_length=k)
-        res = dec.generate(prompt, NEW, pol.controller)
+        res = decode(dec, prompt, NEW, pol.controller)
         assert res.tokens == reference, k
         if drafter == "self" and name == "full":  # the draft computes exactly the target's logits
             assert all(r.accepted == r.draft_length for r in res.rounds), k

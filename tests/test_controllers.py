@@ -202,9 +202,9 @@ MAX_NEW = 32
 
 def replayed_decisions(controller, rounds: list[dict], max_new_tokens: int, vocab: int) -> list[bool]:
     """The controller's decision before each round, on the observation rebuilt from the records: the state the
-    decoder published then (rift_ada.speculative.DecoderState) is a function of the rounds before it and of the
+    decoder published then (rift_ada.signals.DecoderState) is a function of the rounds before it and of the
     round's own recorded position, tokens since refresh and drift."""
-    from rift_ada.speculative import DecoderState
+    from rift_ada.signals import DecoderState
 
     decisions = []
     for i, r in enumerate(rounds):

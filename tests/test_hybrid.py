@@ -4,7 +4,7 @@ attention, MLP / MoE blocks), as tiny random-init models from transformers' own 
 Their linear-attention layers keep a fixed-size conv + recurrent state that the draft cache keeps whole; the RIFT
 budget compresses the attention layers only. A recurrent state cannot be cropped: the draft restores a checkpoint
 taken after each drafted token, a hybrid target restores its pre-verify states and replays the kept tokens
-(``rift_ada.states``). Checked here: greedy output equal to the target's own ``generate`` for every policy, scorer
+(``rift_ada.recurrent``). Checked here: greedy output equal to the target's own ``generate`` for every policy, scorer
 and k, for self-speculation and for hybrid / attention-only pairs both ways; the exact sampling distribution; the
 cache against dense attention with room for everything; rollback against recomputing from scratch; ``evaluate`` on
 a saved folder; RefreshEnv's checkers; compressibility masks and LoRA on both layer kinds.
@@ -30,12 +30,13 @@ from rift_ada import lora, signals
 from rift_ada.architectures import family
 from rift_ada.attention import use_rift_attention
 from rift_ada.cache import RiftCache, RiftLayer
+from rift_ada.evaluate import decode
 from rift_ada.layout import CacheLayout
 from rift_ada.models import TESTBED_DIR, greedy_reference
 from rift_ada.policies import POLICIES, make_policy
+from rift_ada.recurrent import StateLayer
 from rift_ada.refresh import PeriodicController, ThresholdController
 from rift_ada.speculative import SpeculativeDecoder
-from rift_ada.states import StateLayer
 from tests.conftest import SCRIPT, SCRIPT_K, feed, recompute, script_tokens, scripted_draft
 from tests.test_sampling import K, NEW_TOKENS, VOCAB, check_rift_dyn_sampling
 
@@ -75,7 +76,7 @@ def test_greedy_equals_target_generate(pair, name):
     pol = policy(name)
     for k in (1, 4, 11):
         dec = SpeculativeDecoder(model(key), draft, pol.layout, draft_length=k)
-        res = dec.generate(prompt, NEW, pol.controller)
+        res = decode(dec, prompt, NEW, pol.controller)
         assert res.tokens == reference, k
         if drafter == "self" and name == "full":  # a full-cache self-draft computes the target's logits
             assert all(r.accepted == r.draft_length for r in res.rounds), k
@@ -91,8 +92,8 @@ def test_greedy_every_scorer(key, scorer):
     prompt, reference = prompt_and_reference(key)
     pol = policy("rift-dyn", scorer)
     for k in (1, 4, 11):
-        assert SpeculativeDecoder(model(key), None, pol.layout, draft_length=k).generate(
-            prompt, NEW, pol.controller).tokens == reference, k
+        dec = SpeculativeDecoder(model(key), None, pol.layout, draft_length=k)
+        assert decode(dec, prompt, NEW, pol.controller).tokens == reference, k
 
 
 # --- the caches ------------------------------------------------------------------------------------------------------
@@ -268,7 +269,7 @@ def test_sampling_distribution_matches_target(pair):
     firsts = collections.Counter()
     for seed in range(100):
         dec.seed = seed
-        firsts[dec.generate(prompt, NEW_TOKENS, PeriodicController(1)).rounds[0].accepted] += 1
+        firsts[decode(dec, prompt, NEW_TOKENS, PeriodicController(1)).rounds[0].accepted] += 1
     assert all(firsts[a] >= 5 for a in range(K + 1)), firsts
 
 

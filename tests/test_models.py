@@ -56,6 +56,7 @@ def test_device_map_auto_on_cpu_decodes_losslessly(testbed_target, testbed_draft
     decoding on the pair gives the very tokens of the pair loaded without it (and the target's own greedy output)."""
     from rift_ada.cli import ArgumentParser, add_model_options
     from rift_ada.data import build_tasks, encode
+    from rift_ada.evaluate import decode
     from rift_ada.models import greedy_reference
     from rift_ada.policies import make_policy
     from rift_ada.speculative import SpeculativeDecoder
@@ -67,8 +68,8 @@ def test_device_map_auto_on_cpu_decodes_losslessly(testbed_target, testbed_draft
         assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), plain.state_dict().values()))
     ids = encode(tokenizer, build_tasks(tokenizer, "low", n=1, input_tokens=1024)[0].prompt)
     pol = make_policy("rift-dyn", budget=128, period=16)
-    out = [SpeculativeDecoder(t, d, pol.layout, 6, eos_token_id=tokenizer.eos_token_id).generate(ids, 48,
-                                                                                                 pol.controller).tokens
+    out = [decode(SpeculativeDecoder(t, d, pol.layout, 6, eos_token_id=tokenizer.eos_token_id), ids, 48,
+                  pol.controller).tokens
            for t, d in ((pair.target, pair.draft), (testbed_target, testbed_draft))]
     assert out[0] == out[1] == greedy_reference(testbed_target, ids, 48, tokenizer.eos_token_id)
     p = ArgumentParser()

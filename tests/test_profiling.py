@@ -5,6 +5,7 @@ import pytest
 
 def test_profile_decode_matches_generate_and_splits_round_time(testbed_target, testbed_draft, tokenizer):
     from rift_ada.data import build_tasks, encode
+    from rift_ada.evaluate import decode
     from rift_ada.policies import make_policy
     from rift_ada.profiling import profile_decode
     from rift_ada.speculative import SpeculativeDecoder
@@ -12,7 +13,7 @@ def test_profile_decode_matches_generate_and_splits_round_time(testbed_target, t
     ids = encode(tokenizer, build_tasks(tokenizer, "low", n=1, input_tokens=1024)[0].prompt)
     pol = make_policy("rift-dyn", 256, period=8)
     dec = SpeculativeDecoder(testbed_target, testbed_draft, pol.layout, 4)
-    ref = dec.generate(ids, 40, pol.controller)
+    ref = decode(dec, ids, 40, pol.controller)
     ref_refreshed = [r.refreshed for r in ref.rounds]
     prof = profile_decode(dec, ids, 40, pol.controller)
     rounds = dec.result.rounds

@@ -49,6 +49,7 @@ import pytest
 import torch
 from scipy.stats import chi2, ncx2  # scipy comes with scikit-learn, a dependency
 
+from rift_ada.evaluate import decode
 from rift_ada.policies import make_policy
 from rift_ada.speculative import SpeculativeDecoder
 from tests.conftest import random_model
@@ -119,7 +120,7 @@ def sample_sequences(dec: SpeculativeDecoder, prompt: list[int], n: int, control
     counts = collections.Counter()
     for seed in range(n):
         dec.seed = seed
-        counts[tuple(dec.generate(prompt, NEW_TOKENS, controller).tokens)] += 1
+        counts[tuple(decode(dec, prompt, NEW_TOKENS, controller).tokens)] += 1
     return counts
 
 
@@ -175,7 +176,7 @@ def test_setting_exercises_every_branch(config):
     first_round, refreshed = collections.Counter(), 0
     for seed in range(200):
         dec.seed = seed
-        res = dec.generate(prompt, NEW_TOKENS, policy.controller)
+        res = decode(dec, prompt, NEW_TOKENS, policy.controller)
         first_round[res.rounds[0].accepted] += 1
         refreshed += res.refreshes
     # Rejection at the first and at the second draft, and k acceptances (bonus token), each in >= 5% of runs.

@@ -5,6 +5,7 @@ from transformers import DynamicCache
 
 from rift_ada import signals
 from rift_ada.data import build_tasks, encode
+from rift_ada.evaluate import decode
 from rift_ada.layout import CacheLayout
 from rift_ada.models import greedy_reference
 from rift_ada.policies import POLICIES, make_policy
@@ -42,7 +43,7 @@ def test_greedy_equals_target_generate_testbed_policies(name, drafter, testbed_t
     draft = None if drafter == "self" else testbed_draft
     pol = policy(name, budget=256)
     dec = SpeculativeDecoder(testbed_target, draft, pol.layout, draft_length=11)
-    res = dec.generate(testbed_prompt, 40, pol.controller)
+    res = decode(dec, testbed_prompt, 40, pol.controller)
     assert res.refreshes > 0 if name in ("rift-dyn", "rift-ada") else res.refreshes == 0
     assert res.tokens == reference
     # What the layout must hold after the last round (the prompt, 1024 tokens, exceeds the budget of 256):
@@ -62,7 +63,7 @@ def test_greedy_equals_target_generate_testbed_scorers(scorer, testbed_target, t
     pol = policy("rift-dyn", scorer, budget=128)
     for draft in (None, testbed_draft):
         dec = SpeculativeDecoder(testbed_target, draft, pol.layout, draft_length=11)
-        assert dec.generate(testbed_prompt, 40, pol.controller).tokens == reference
+        assert decode(dec, testbed_prompt, 40, pol.controller).tokens == reference
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -75,7 +76,7 @@ def test_greedy_equals_target_generate_random_models(arch, name):
     pol = policy(name, budget=64)
     for d in (None, draft):
         for k in (1, 4, 11):
-            res = SpeculativeDecoder(target, d, pol.layout, draft_length=k).generate(prompt, 48, pol.controller)
+            res = decode(SpeculativeDecoder(target, d, pol.layout, draft_length=k), prompt, 48, pol.controller)
             assert res.tokens == reference, (d is None, k)
 
 
@@ -114,7 +115,7 @@ def test_tokens_since_refresh_restarts_at_each_refresh():
     counts the tokens emitted since the last refresh, that refresh's round included, and restarts there; the
     signal is that count / SINCE_SCALE."""
     dec, controller, prompt, _ = scripted_run()
-    res = dec.generate(prompt, script_tokens(), controller)
+    res = decode(dec, prompt, script_tokens(), controller)
     emitted = [r.emitted for r in res.rounds]
     last = [max([j for j in range(i) if res.rounds[j].refreshed], default=0) for i in range(len(emitted) + 1)]
     expected = [sum(emitted[last[i]:i]) for i in range(len(emitted) + 1)]
@@ -127,7 +128,7 @@ def test_tokens_since_refresh_restarts_at_each_refresh():
 def test_draft_equal_to_target_accepts_everything_when_sampling():
     target = random_model("llama", seed=0)
     dec = SpeculativeDecoder(target, None, CacheLayout("full"), draft_length=5, temperature=0.8, seed=3)
-    res = dec.generate(list(range(30)), 31)
+    res = decode(dec, list(range(30)), 31)
     assert all(r.accepted == r.draft_length for r in res.rounds)
     assert len(res.tokens) == 31
 
@@ -137,10 +138,10 @@ def test_eos_and_max_new_tokens():
     prompt = list(range(20))
     ref = greedy_reference(target, prompt, 30)
     eos = ref[7]
-    res = SpeculativeDecoder(target, None, CacheLayout("full"), eos_token_id=eos).generate(prompt, 30)
+    res = decode(SpeculativeDecoder(target, None, CacheLayout("full"), eos_token_id=eos), prompt, 30)
     assert res.tokens == ref[: ref.index(eos) + 1]
     for m in (1, 2, 13):
-        assert SpeculativeDecoder(target, None, CacheLayout("full")).generate(prompt, m).tokens == ref[:m]
+        assert decode(SpeculativeDecoder(target, None, CacheLayout("full")), prompt, m).tokens == ref[:m]
 
 
 def test_bad_input():

@@ -25,6 +25,11 @@ class Controller(Protocol):
     def save(self, path: str | Path) -> None: ...
 
 
+def refresh_wanted(controller: Controller | None, state: signals.DecoderState) -> bool:
+    """``controller``'s decision before the coming round, from the decoder's published ``state`` (None: never)."""
+    return controller is not None and bool(controller.decide(signals.observe(state)))
+
+
 def check_observation(observation) -> np.ndarray:
     obs = np.asarray(observation, dtype=np.float32).reshape(-1)
     if obs.shape[0] != len(signals.NAMES):

@@ -73,6 +73,10 @@ class StateLayer(LinearAttentionLayer):
     def nbytes(self) -> int:
         return sum(t.nbytes for t in _tensors(self))
 
+    def checkpoint_bytes(self) -> int:
+        """Bytes of the checkpoint slots (kept from round to round once allocated)."""
+        return sum(t.nbytes for slot in self._slots for t in slot)
+
     def load(self, src) -> None:
         """Take the states of a prefilled layer of the target's cache (self-speculation)."""
         for i in range(self.number_of_states):

@@ -149,7 +149,7 @@ def _main(args, device: str) -> int:
     from rift_ada.data import build_tasks, encode_prompts
     from rift_ada.models import load_pair
     from rift_ada.trainers import compressibility as C
-    from rift_ada.trainers.state import RunState, config_of, write_json
+    from rift_ada.trainers.resume import RunState, config_of, write_json
     from rift_ada.trainers.wandb_logging import ResumableRun
 
     main = distributed.is_main()

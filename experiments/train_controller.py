@@ -45,7 +45,7 @@ from rift_ada.cli import (ArgumentParser, add_cache_options, add_decoding_option
 from rift_ada.refresh import (EntropyController, LogisticController, NeverController, PeriodicController,
                               ThresholdController)
 from rift_ada.tradeoff import matched_comparison
-from rift_ada.trainers.state import atomic_write, config_of, open_state, write_json
+from rift_ada.trainers.resume import atomic_write, config_of, open_state, write_json
 
 
 def parse_args(argv=None):
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
     from rift_ada.evaluate import evaluate
     from rift_ada.layout import CacheLayout
     from rift_ada.models import load_pair
-    from rift_ada.refresh.mlp import MLP_KINDS
+    from rift_ada.refresh.registry import KINDS as MLP_KINDS
     from rift_ada.speculative import SpeculativeDecoder
     from rift_ada.testbed.check import check_fits
     from rift_ada.trainers import counterfactual

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .data.tasks import FAMILIES
+from .data.tasks import TASK_FAMILIES
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -169,7 +169,7 @@ def add_task_options(parser: argparse.ArgumentParser, prompts: int = 12, input_t
     g = parser.add_argument_group("prompts")
     g.add_argument("--prompts", type=int, default=prompts, help="number of prompts")
     g.add_argument("--input-tokens", type=int, default=input_tokens, help="prompt length in tokens (built tasks)")
-    g.add_argument("--task", default=task, help=f"task family: {', '.join(FAMILIES)}")
+    g.add_argument("--task", default=task, help=f"task family: {', '.join(TASK_FAMILIES)}")
     g.add_argument("--source-dir", default=None,
                    help="build tasks from this folder of Python files (default: held-out standard library files)")
     g.add_argument("--data", default=None, help="a JSONL file of {'prompt', 'reference'} objects instead of built tasks")

@@ -39,7 +39,7 @@ from rift_ada.attention import use_rift_attention
 from rift_ada.cache import RiftCache, RiftLayer
 from rift_ada.layout import CacheLayout
 from rift_ada.selection import observation_window, select_importance
-from rift_ada.trainers.state import atomic_write, write_json
+from rift_ada.trainers.resume import atomic_write, write_json
 
 FORMAT = "rift-ada/target-logits-v1"
 

@@ -28,7 +28,7 @@ from typing import Sequence
 
 from .corpus import SourceFile, load_corpus
 
-FAMILIES = ("low", "mixed", "high", "sort")
+TASK_FAMILIES = ("low", "mixed", "high", "sort")
 FILE_HEADER = "# file: {name}\n"
 MARKERS = {"low": "# copy of: {name}\n", "mixed": "# continued: {name}\n", "high": "# file: {name}\n"}
 HEAD_LINES = 6  # opening lines shown after the marker
@@ -123,8 +123,8 @@ def build_tasks(
     ``split`` defaults to ``eval`` (held-out files) for the standard library and ``all`` for a ``source_dir``.
     Task ``i`` depends only on ``(seed, family, i, input_tokens, corpus)``, not on ``n``.
     """
-    if family not in FAMILIES:
-        raise ValueError(f"unknown task family {family!r}; choose one of {', '.join(FAMILIES)}")
+    if family not in TASK_FAMILIES:
+        raise ValueError(f"unknown task family {family!r}; choose one of {', '.join(TASK_FAMILIES)}")
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if min_reference_tokens > reference_tokens:
@@ -269,6 +269,23 @@ def _build_one(lt: _LineTokens, files, family, i, input_tokens, reference_tokens
         target_file=target.name,
         files=tuple(nm for nm, _ in distractors),
     )
+
+
+def task_mix(task: str) -> list[str]:
+    """The families of a comma-separated ``--task`` (``low,high``), in order, each once."""
+    return list(dict.fromkeys(f.strip() for f in task.split(",") if f.strip()))
+
+
+def build_task_mix(tokenizer, task: str, n: int, input_tokens: int, seed: int, split: str, bar=None) -> list[Task]:
+    """``n`` tasks cycling through the comma-separated families (low,high -> low, high, low, ...); ``bar`` (tqdm)
+    advances once per family."""
+    fams = [f.strip() for f in task.split(",") if f.strip()]
+    per = {}
+    for f in task_mix(task):
+        per[f] = build_tasks(tokenizer, f, n=-(-n // len(fams)), input_tokens=input_tokens, seed=seed, split=split)
+        if bar is not None:
+            bar.update()
+    return [per[fams[i % len(fams)]][i // len(fams)] for i in range(n)]
 
 
 def encode(tokenizer, text: str) -> list[int]:

@@ -1,28 +1,96 @@
-"""The controller protocol: a refresh decision from the signal vector alone.
+"""The controller base class: a refresh decision from the signal vector alone.
 
 Controllers see only the numpy observation (``rift_ada.signals``), never the models, so they stay tiny, testable and
-exportable. ``decide`` returns True to refresh the draft cache before the coming round.
+exportable. ``decide`` returns True to refresh the draft cache before the coming round. A new kind of controller is a
+subclass of :class:`Controller` (its ``kind``, ``decide``, ``save`` and ``load``; a ``spelling`` to be given as
+``--controller``, a :class:`Knob` to be swept) registered with ``rift_ada.refresh.registry.register``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import ClassVar
 
 import numpy as np
 
 from .. import signals
 
 
-@runtime_checkable
-class Controller(Protocol):
-    name: str
+@dataclass(frozen=True)
+class Knob:
+    """What the tradeoff sweeps (``rift_ada.sweep``) vary for a controller kind: the option that lists its values in
+    train_controller.py and reproduce_figures.py, and the range those values must lie in. No option: one point."""
 
-    def decide(self, observation: np.ndarray) -> bool: ...
+    option: str | None = None  # e.g. "--periods"
+    type: type = float
+    default: tuple = ()
+    help: str = ""
+    low: float | None = None
+    high: float | None = None
+    open: bool = False  # the bounds themselves are excluded
+    quantiles_of: str | None = None  # the values are quantiles of this signal in observed states; the knob is its level
 
-    def save(self, path: str | Path) -> None: ...
+    def problem(self, values) -> str | None:
+        """What is wrong with ``values`` (one line), or None."""
+        lo = -math.inf if self.low is None else self.low
+        hi = math.inf if self.high is None else self.high
+        if all((lo < v < hi) if self.open else (lo <= v <= hi) for v in values):
+            return None
+        if self.open:
+            return f"{self.option} must lie in ({lo:g}, {hi:g})"
+        return f"{self.option} must be >= {lo:g}" if self.high is None else f"{self.option} must lie in [{lo:g}, {hi:g}]"
+
+
+class Controller:
+    """Base of the refresh controllers (a small base class, as stable-baselines3's): subclasses set ``kind`` and
+    implement :meth:`decide`, :meth:`save` and :meth:`load`."""
+
+    kind: ClassVar[str] = ""  # the "kind" of its files and its family in the tradeoff sweeps
+    suffix: ClassVar[str] = ".json"  # its files: .json (read without torch) or .pt
+    spelling: ClassVar[str | None] = None  # how --controller names it (e.g. "periodic:N"); None: by its file only
+    knob: ClassVar[Knob | None] = None  # what the tradeoff sweeps vary (None: a learned controller, swept by its job)
+
+    def decide(self, observation: np.ndarray) -> bool:
+        raise NotImplementedError
+
+    def save(self, path: str | Path) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Controller":
+        raise NotImplementedError
+
+    @classmethod
+    def from_spec(cls, arg: str, spec: str) -> "Controller":
+        """The controller ``--controller KIND:ARG`` names (``spec`` is the whole option, for the error message)."""
+        return cls.at(arg)
+
+    @classmethod
+    def at(cls, value) -> "Controller":
+        """The controller at ``value`` of its knob (a sweep point)."""
+        return cls(value)
+
+
+class GapRule(Controller):
+    """A controller that stays quiet within ``min_gap`` generated tokens of the last scoring (low acceptance right
+    after a refresh is not staleness) and otherwise refreshes when :meth:`fires`."""
+
+    min_gap: int = 0  # each subclass declares its own dataclass field and default
+
+    def decide(self, observation) -> bool:
+        obs = check_observation(observation)
+        return since_refresh(obs) >= self.min_gap and self.fires(obs)
+
+    def fires(self, obs: np.ndarray) -> bool:
+        raise NotImplementedError
+
+
+def since_refresh(obs: np.ndarray) -> float:
+    """Generated tokens since the last scoring: exact, since the signal divides by a power of two (up to its cap)."""
+    return float(obs[signals.index("since_refresh")]) * signals.SINCE_SCALE
 
 
 def refresh_wanted(controller: Controller | None, state: signals.DecoderState) -> bool:
@@ -38,7 +106,8 @@ def check_observation(observation) -> np.ndarray:
     return obs
 
 
-def write_json(path: str | Path, payload: dict) -> None:
+def write_controller_file(path: str | Path, payload: dict) -> None:
+    """A JSON controller file: ``payload`` (with its ``kind``) and the signal order it decides on."""
     payload = {"signals": list(signals.NAMES), **payload}
     Path(path).write_text(json.dumps(payload, indent=1))
 

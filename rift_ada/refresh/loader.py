@@ -1,17 +1,13 @@
-"""Loading any saved controller without scikit-learn or stable-baselines3, and the ``--controller`` spelling."""
+"""Loading any saved controller without scikit-learn or stable-baselines3, and the ``--controller`` spelling; both
+know the kinds ``rift_ada.refresh.registry`` holds."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from .base import read_json_object
-from .logistic import LogisticController
 from .mlp import load_mlp_controller
-from .rules import EntropyController, NeverController, PeriodicController, ThresholdController
-
-_JSON_KINDS = {"never": NeverController, "periodic": PeriodicController, "threshold": ThresholdController,
-               "entropy": EntropyController, "logistic": LogisticController}
+from .registry import KINDS, kinds
 
 
 def load_controller(path: str | Path):
@@ -26,38 +22,22 @@ def load_controller(path: str | Path):
     if path.suffix == ".pt":
         return load_mlp_controller(path)
     kind = read_json_object(path).get("kind")
-    if not isinstance(kind, str) or kind not in _JSON_KINDS:
+    if not isinstance(kind, str) or kind not in kinds(".json"):
         what = "no 'kind' field" if kind is None else f"unknown controller kind {kind!r}"
-        raise ValueError(f"{path}: {what}; a .json controller is one of "
-                         f"{', '.join(_JSON_KINDS)} (PPO and DQN controllers are .pt files)")
-    return _JSON_KINDS[kind].load(path)
+        raise ValueError(f"{path}: {what}; a .json controller is one of {', '.join(kinds('.json'))} "
+                         f"({' and '.join(k.upper() for k in kinds('.pt'))} controllers are .pt files)")
+    return KINDS[kind].load(path)
 
 
 def parse_controller(spec: str):
-    """``never``, ``periodic:N`` (refresh every N generated tokens), ``entropy:X`` (refresh when the last round's
-    mean draft entropy / ln vocab exceeds X in [0, 1]) or the path of a saved controller file."""
-    name, _, arg = spec.partition(":")
-    if name == "never" and not arg:
-        return NeverController()
-    if name == "periodic":
-        try:
-            return PeriodicController(int(arg))
-        except ValueError:
-            raise ValueError(f"--controller {spec!r}: write periodic:N with N >= 1 generated tokens between "
-                             "refreshes") from None
-    if name == "entropy":
-        try:
-            return EntropyController(float(arg))
-        except ValueError:
-            hint = ""
-            try:
-                if float(arg) > 1:  # nats, probably: say how to convert
-                    hint = (f"; X is not in nats: {float(arg):g} nats with a 32K vocabulary is "
-                            f"entropy:{float(arg) / math.log(32000):.3f}")
-            except ValueError:
-                pass
-            raise ValueError(f"--controller {spec!r}: write entropy:X with X in [0, 1], the level of the entropy_mean "
-                             f"signal (mean draft entropy / ln vocab) above which to refresh{hint}") from None
+    """A registered kind's spelling (``never``, ``periodic:N``: refresh every N generated tokens, ``entropy:X``:
+    refresh when the last round's mean draft entropy / ln vocab exceeds X in [0, 1], ...) or the path of a saved
+    controller file."""
+    name, colon, arg = spec.partition(":")
+    cls = KINDS.get(name)
+    if cls is not None and cls.spelling is not None and (":" in cls.spelling or not colon):
+        return cls.from_spec(arg, spec)
     if Path(spec).suffix in (".json", ".pt") or Path(spec).exists():
         return load_controller(spec)
-    raise ValueError(f"--controller {spec!r}: give never, periodic:N, entropy:X, or a controller file (.json or .pt)")
+    spellings = [c.spelling for c in KINDS.values() if c.spelling is not None]
+    raise ValueError(f"--controller {spec!r}: give {', '.join(spellings)}, or a controller file (.json or .pt)")

@@ -8,15 +8,19 @@ is all ``decide`` and the exported JSON hold.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
 from .. import signals
-from .base import check_observation, number, numbers, read_json, write_json
+from .base import GapRule, check_observation, number, numbers, read_json, write_controller_file
+from .registry import register
 
 
+@register
 @dataclass
-class LogisticController:
+class LogisticController(GapRule):
+    kind: ClassVar[str] = "logistic"
     weights: np.ndarray = field(default_factory=lambda: np.zeros(0))
     bias: float = 0.0
     threshold: float = 0.5  # refresh when P(refresh helps) exceeds this: the knob of the tradeoff curve
@@ -29,14 +33,11 @@ class LogisticController:
             raise ValueError("this logistic controller is not fitted (or was fitted on other signals)")
         return float(1.0 / (1.0 + np.exp(-(obs @ self.weights + self.bias))))
 
-    def decide(self, observation) -> bool:
-        from .rules import _since
-
-        obs = check_observation(observation)
-        return _since(obs) >= self.min_gap and self.probability(obs) > self.threshold
+    def fires(self, obs: np.ndarray) -> bool:
+        return self.probability(obs) > self.threshold
 
     def save(self, path) -> None:
-        write_json(path, {"kind": "logistic", "weights": self.weights.tolist(), "bias": self.bias,
+        write_controller_file(path, {"kind": "logistic", "weights": self.weights.tolist(), "bias": self.bias,
                           "threshold": self.threshold, "min_gap": self.min_gap})
 
     @classmethod

@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from .. import signals
-from .base import check_observation, check_signal_order, number, numbers, short
+from .base import Controller, check_observation, check_signal_order, number, numbers, short
+from .registry import KINDS, kinds, register
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -41,10 +42,11 @@ def build_mlp(sizes: list[int], activation: str) -> nn.Sequential:
 
 
 @dataclass
-class MLPController:
+class MLPController(Controller):
     """The exported form shared by PPO and DQN; use :class:`PPOController` / :class:`DQNController`."""
 
     kind: ClassVar[str] = ""
+    suffix: ClassVar[str] = ".pt"
     net: nn.Sequential
     sizes: list[int]
     activation: str = "tanh"
@@ -108,6 +110,7 @@ class MLPController:
                    None if d.get("lam") is None else number(d, "lam", path))
 
 
+@register
 @dataclass
 class PPOController(MLPController):
     """PPO's policy MLP: argmax of the action logits."""
@@ -115,6 +118,7 @@ class PPOController(MLPController):
     kind: ClassVar[str] = "ppo"
 
 
+@register
 @dataclass
 class DQNController(MLPController):
     """DQN's Q-network: argmax of the two Q-values (the greedy action, no exploration)."""
@@ -122,17 +126,14 @@ class DQNController(MLPController):
     kind: ClassVar[str] = "dqn"
 
 
-MLP_KINDS = {c.kind: c for c in (PPOController, DQNController)}
-
-
 def load_mlp_controller(path: str | Path) -> MLPController:
     """A PPO or DQN controller from a ``.pt`` file, whichever it holds."""
     d = _read_torch_file(path)
-    if not isinstance(d, dict) or d.get("kind") not in MLP_KINDS:
+    if not isinstance(d, dict) or d.get("kind") not in kinds(".pt"):
         held = f"kind {d.get('kind')!r}" if isinstance(d, dict) else f"a {type(d).__name__}"
         raise ValueError(f"{path}: not a PPO or DQN controller file (it holds {held}; expected a dict with kind "
-                         f"{' or '.join(map(repr, MLP_KINDS))})")
-    return MLP_KINDS[d["kind"]]._from_dict(d, path)
+                         f"{' or '.join(map(repr, kinds('.pt')))})")
+    return KINDS[d["kind"]]._from_dict(d, path)
 
 
 def _read_torch_file(path) -> object:

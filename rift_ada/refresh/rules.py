@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
 from .. import signals
-from .base import check_observation, is_number, number, read_json, short, write_json
+from .base import (Controller, GapRule, Knob, check_observation, is_number, number, read_json, short,
+                   since_refresh, write_controller_file)
+from .registry import register
 
 _OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 
 
-def _since(obs: np.ndarray) -> float:
-    """Generated tokens since the last scoring: exact, since the signal divides by a power of two (up to its cap)."""
-    return float(obs[signals.index("since_refresh")]) * signals.SINCE_SCALE
-
-
+@register
 @dataclass
-class NeverController:
+class NeverController(Controller):
+    kind: ClassVar[str] = "never"
+    spelling: ClassVar[str] = "never"
+    knob: ClassVar[Knob] = Knob()  # one point: RIFT-stat
     name: str = "never"
 
     def decide(self, observation) -> bool:
@@ -27,18 +30,27 @@ class NeverController:
         return False
 
     def save(self, path) -> None:
-        write_json(path, {"kind": "never"})
+        write_controller_file(path, {"kind": "never"})
 
     @classmethod
     def load(cls, path) -> "NeverController":
         read_json(path, "never")
         return cls()
 
+    @classmethod
+    def at(cls, value) -> "NeverController":
+        return cls()
 
+
+@register
 @dataclass
-class PeriodicController:
+class PeriodicController(Controller):
     """Refresh once ``period`` tokens have been generated since the last scoring (RIFT-dyn as a controller)."""
 
+    kind: ClassVar[str] = "periodic"
+    spelling: ClassVar[str] = "periodic:N"
+    knob: ClassVar[Knob] = Knob("--periods", int, (16, 32, 64, 128), "periodic refresh: generated tokens between "
+                                "refreshes", low=1, high=int(signals.SINCE_SCALE))
     period: int = 64
     name: str = "periodic"
 
@@ -48,22 +60,34 @@ class PeriodicController:
                              f"of the since_refresh signal), got {self.period}")
 
     def decide(self, observation) -> bool:
-        return _since(check_observation(observation)) >= self.period
+        return since_refresh(check_observation(observation)) >= self.period
 
     def save(self, path) -> None:
-        write_json(path, {"kind": "periodic", "period": self.period})
+        write_controller_file(path, {"kind": "periodic", "period": self.period})
 
     @classmethod
     def load(cls, path) -> "PeriodicController":
         return cls(period=number(read_json(path, "periodic"), "period", path, integer=True, minimum=1,
                                  maximum=int(signals.SINCE_SCALE)))
 
+    @classmethod
+    def from_spec(cls, arg: str, spec: str) -> "PeriodicController":
+        try:
+            return cls(int(arg))
+        except ValueError:
+            raise ValueError(f"--controller {spec!r}: write periodic:N with N >= 1 generated tokens between "
+                             "refreshes") from None
 
+
+@register
 @dataclass
-class ThresholdController:
+class ThresholdController(GapRule):
     """Refresh when any rule fires, e.g. ``[("acc_mean", "<", 0.5), ("drift", ">", 0.2)]``, but not within
     ``min_gap`` tokens of the last scoring (low acceptance right after a refresh is not staleness)."""
 
+    kind: ClassVar[str] = "threshold"
+    knob: ClassVar[Knob] = Knob("--acc-thresholds", float, (0.5, 0.85), "threshold rule: refresh when acc_mean < x",
+                                low=0, high=1, open=True)
     rules: list = field(default_factory=lambda: [("acc_mean", "<", 0.5)])
     min_gap: int = 16
     name: str = "threshold"
@@ -75,14 +99,11 @@ class ThresholdController:
             if op not in _OPS:
                 raise ValueError(f"unknown comparison {op!r}; use one of {', '.join(_OPS)}")
 
-    def decide(self, observation) -> bool:
-        obs = check_observation(observation)
-        if _since(obs) < self.min_gap:
-            return False
+    def fires(self, obs: np.ndarray) -> bool:
         return any(_OPS[op](float(obs[signals.index(sig)]), value) for sig, op, value in self.rules)
 
     def save(self, path) -> None:
-        write_json(path, {"kind": "threshold", "rules": [list(r) for r in self.rules], "min_gap": self.min_gap})
+        write_controller_file(path, {"kind": "threshold", "rules": [list(r) for r in self.rules], "min_gap": self.min_gap})
 
     @classmethod
     def load(cls, path) -> "ThresholdController":
@@ -98,9 +119,14 @@ class ThresholdController:
                                  f"{', '.join(signals.NAMES)} and a comparison among {', '.join(_OPS)}, got {short(r)}")
         return cls(rules=[tuple(r) for r in rules], min_gap=number(data, "min_gap", path, integer=True, minimum=0))
 
+    @classmethod
+    def at(cls, value) -> "ThresholdController":
+        return cls([("acc_mean", "<", value)])
 
+
+@register
 @dataclass
-class EntropyController:
+class EntropyController(GapRule):
     """Refresh when the last round's mean draft entropy exceeds ``threshold`` (the entropy-triggered baseline of the
     literature), but not within ``min_gap`` tokens of the last scoring, as the threshold rule.
 
@@ -109,6 +135,13 @@ class EntropyController:
     decision as ``ThresholdController([("entropy_mean", ">", threshold)], min_gap)``, with its own name and knob.
     """
 
+    kind: ClassVar[str] = "entropy"
+    spelling: ClassVar[str] = "entropy:X"
+    knob: ClassVar[Knob] = Knob("--entropy-quantiles", float, (0.9,), "entropy rule: refresh when the last round's mean "
+                                "draft entropy exceeds these quantiles of the observed draft entropies (the "
+                                "counterfactual data's; the rift-stat run's in the figures): the knob reported is the "
+                                "entropy level", low=0, high=1, open=True,
+                                quantiles_of="entropy_mean")
     threshold: float = 0.1
     min_gap: int = 16
     name: str = "entropy"
@@ -120,15 +153,29 @@ class EntropyController:
         if not isinstance(self.min_gap, int) or self.min_gap < 0:
             raise ValueError(f"min_gap must be an integer >= 0 generated tokens, got {self.min_gap!r}")
 
-    def decide(self, observation) -> bool:
-        obs = check_observation(observation)
-        return _since(obs) >= self.min_gap and float(obs[signals.index("entropy_mean")]) > self.threshold
+    def fires(self, obs: np.ndarray) -> bool:
+        return float(obs[signals.index("entropy_mean")]) > self.threshold
 
     def save(self, path) -> None:
-        write_json(path, {"kind": "entropy", "threshold": self.threshold, "min_gap": self.min_gap})
+        write_controller_file(path, {"kind": "entropy", "threshold": self.threshold, "min_gap": self.min_gap})
 
     @classmethod
     def load(cls, path) -> "EntropyController":
         data = read_json(path, "entropy")
         return cls(threshold=number(data, "threshold", path, minimum=0, maximum=1),
                    min_gap=number(data, "min_gap", path, integer=True, minimum=0, default=16))
+
+    @classmethod
+    def from_spec(cls, arg: str, spec: str) -> "EntropyController":
+        try:
+            return cls(float(arg))
+        except ValueError:
+            hint = ""
+            try:
+                if float(arg) > 1:  # nats, probably: say how to convert
+                    hint = (f"; X is not in nats: {float(arg):g} nats with a 32K vocabulary is "
+                            f"entropy:{float(arg) / math.log(32000):.3f}")
+            except ValueError:
+                pass
+            raise ValueError(f"--controller {spec!r}: write entropy:X with X in [0, 1], the level of the entropy_mean "
+                             f"signal (mean draft entropy / ln vocab) above which to refresh{hint}") from None

@@ -1,0 +1,120 @@
+"""The main job's report: tradeoff.csv, the two plots, metrics.json, the W&B table and plots, the exported controller
+and the printed summary."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from rift_ada.trainers.resume import atomic_write
+
+COLUMNS = ["family", "knob", "acceptance_length", "al_vs_full", "refreshes_per_1k", "refreshes", "refresh_savings",
+           "al_gain"]
+
+
+@dataclass
+class Tradeoff:
+    """The sweep's outcome: one row per point after the full cache, with its modelled speed, and the matched
+    comparison with periodic refresh (``rift_ada.tradeoff.matched_comparison``)."""
+
+    full_al: float
+    rows: list  # dicts of COLUMNS
+    speeds: list  # modelled tokens per second, one per row
+    summary: dict
+
+
+def best_learned(tradeoff: Tradeoff, learned_families) -> dict:
+    """The learned row with the largest refresh savings at matched AL (then the largest AL): the one exported."""
+    return max((r for r in tradeoff.rows if r["family"] in learned_families),
+               key=lambda r: (r["refresh_savings"] if r["refresh_savings"] is not None else -1.0,
+                              r["acceptance_length"]))
+
+
+def write_outputs(out: Path, t: Tradeoff, args, extra: dict, costs) -> list[dict]:
+    """tradeoff.csv (never half a table: written in one step), the plots and metrics.json (``extra``: its other
+    fields). Returns the rows with their modelled speed."""
+    def write_csv(path):
+        with open(path, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=COLUMNS)
+            w.writeheader()
+            w.writerows({c: r.get(c) for c in COLUMNS} for r in t.rows)
+
+    atomic_write(out / "tradeoff.csv", write_csv)
+    # The modelled speed depends on the costs measured on this machine, so it stays out of tradeoff.csv (which a
+    # resumed run reproduces bit for bit) and goes to metrics.json, the second plot and W&B.
+    timed = [{**r, "modelled_tokens_per_s": v} for r, v in zip(t.rows, t.speeds)]
+    title = f"draft KV budget {args.budget}, {args.input_tokens}-token prompts"
+    plot(out / "tradeoff.png", timed, "acceptance_length", "acceptance length (tokens / target step)", title,
+         t.full_al)
+    plot(out / "tradeoff_time.png", timed, "modelled_tokens_per_s", "tokens / s (modelled)",
+         f"{title}\nmodelled: draft step {1e3 * costs.draft_step_s:.2f} ms, verify {1e3 * costs.verify_s:.2f} ms, "
+         f"refresh {1e3 * costs.refresh_s:.2f} ms")
+    metrics = {"full_cache_acceptance_length": t.full_al, "rows": timed, "matched": t.summary["families"], **extra,
+               "reward": args.reward, "costs": costs.to_dict()}
+    atomic_write(out / "metrics.json", lambda tmp: tmp.write_text(json.dumps(metrics, indent=1, default=str)))
+    return timed
+
+
+def plot(path: Path, rows: list, y: str, ylabel: str, title: str, full_line=None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for fam in dict.fromkeys(r["family"] for r in rows):
+        pts = sorted((r["refreshes_per_1k"], r[y]) for r in rows if r["family"] == fam)
+        ax.plot(*zip(*pts), marker="o", label=fam)
+    if full_line is not None:
+        ax.axhline(full_line, color="grey", ls="--", label="full cache")
+    ax.set_xlabel("refreshes per 1K generated tokens")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)
+
+
+def log_to_wandb(run, out: Path, t: Tradeoff, timed: list, costs) -> None:
+    import wandb
+
+    families = list(dict.fromkeys(r["family"] for r in timed))
+    wcols = COLUMNS + ["modelled_tokens_per_s"]
+    table = wandb.Table(columns=wcols,
+                        data=[[str(r["knob"]) if c == "knob" else r.get(c) for c in wcols] for r in timed])
+    xs = [[r["refreshes_per_1k"] for r in timed if r["family"] == f] for f in families]
+
+    def ys(key):
+        return [[r[key] for r in timed if r["family"] == f] for f in families]
+
+    run.log({"tradeoff/table": table,
+             "tradeoff/al_vs_refreshes": wandb.plot.line_series(xs=xs, ys=ys("acceptance_length"), keys=families,
+                                                                title="AL vs refreshes per 1K tokens",
+                                                                xname="refreshes per 1K tokens"),
+             "tradeoff/tokens_per_s_vs_refreshes": wandb.plot.line_series(
+                 xs=xs, ys=ys("modelled_tokens_per_s"), keys=families,
+                 title="modelled tokens/s vs refreshes per 1K tokens", xname="refreshes per 1K tokens"),
+             "tradeoff/al_vs_refreshes_png": wandb.Image(str(out / "tradeoff.png")),
+             "tradeoff/tokens_per_s_vs_refreshes_png": wandb.Image(str(out / "tradeoff_time.png"))})
+    for fam, s in t.summary["families"].items():
+        run.summary[f"{fam}/refresh_savings_at_matched_al"] = s["refresh_savings"]
+        run.summary[f"{fam}/al_gain_at_matched_refreshes"] = s["al_gain"]
+    run.summary["full_cache_acceptance_length"] = t.full_al
+    run.summary.update({f"costs/{k}": v for k, v in costs.to_dict().items()})
+
+
+def print_summary(t: Tradeoff, args, best: dict, ctrl_path: Path, session_s: float) -> None:
+    print(f"\nfull-cache AL {t.full_al:.3f} | budget {args.budget} | {args.eval_prompts} held-out prompts")
+    print(f"{'family':>10} {'knob':>6} {'AL':>7} {'AL/full':>8} {'ref/1K':>8} {'tok/s*':>8}")
+    for r, speed in zip(t.rows, t.speeds):
+        print(f"{r['family']:>10} {str(r['knob']):>6} {r['acceptance_length']:7.3f} {r['al_vs_full']:8.3f} "
+              f"{r['refreshes_per_1k']:8.2f} {speed:8.1f}")
+    print("* tokens per second modelled with the measured costs (tradeoff_time.png)")
+    for fam, s in t.summary["families"].items():
+        sav = "n/a" if s["refresh_savings"] is None else f"{100 * s['refresh_savings']:.1f}%"
+        gain = "n/a" if s["al_gain"] is None else f"{s['al_gain']:+.3f}"
+        print(f"{fam}: {sav} fewer refreshes than periodic at matched AL; AL gain at matched refresh count {gain}")
+    print(f"exported {best['family']} (knob {best['knob']}) -> {ctrl_path}; this session {session_s:.0f} s")

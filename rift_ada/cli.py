@@ -95,7 +95,8 @@ def add_model_options(parser: argparse.ArgumentParser, drafter: str = "self", de
                         "Not under torchrun with several processes")
 
 
-def add_cache_options(parser: argparse.ArgumentParser, policy: str | None = "rift-stat", budget: int = 512) -> None:
+def add_cache_options(parser: argparse.ArgumentParser, policy: str | None = "rift-stat", budget: int | None = 512,
+                      budget_help: str = "active draft KV budget in tokens (default: %(default)s)") -> None:
     """The draft cache: ``--policy`` (omit with ``policy=None``: scripts that sweep policies), the layout's knobs and
     ``--period`` / ``--controller``. :func:`policy_from_args` turns them into a :class:`~rift_ada.policies.Policy`."""
     from .policies import POLICIES
@@ -108,7 +109,7 @@ def add_cache_options(parser: argparse.ArgumentParser, policy: str | None = "rif
         g.add_argument("--controller", default=None,
                        help="rift-ada: a controller file (controller.json / controller.pt), periodic:N, entropy:X "
                             "(refresh when mean draft entropy / ln vocab exceeds X in [0, 1]) or never")
-    g.add_argument("--budget", type=int, default=budget, help="active draft KV budget in tokens (default: %(default)s)")
+    g.add_argument("--budget", type=int, default=budget, help=budget_help)
     g.add_argument("--window-fraction", type=float, default=0.5, help="share of the budget for the sliding window")
     g.add_argument("--window", type=int, default=None, help="sliding window in tokens (overrides the fraction)")
     g.add_argument("--sinks", type=int, default=4, help="attention sinks kept by the 'window' policy")

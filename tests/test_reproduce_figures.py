@@ -4,7 +4,6 @@ adapter; bad input ends in one line and exit code 2."""
 
 import contextlib
 import csv
-import importlib.util
 import io
 import json
 import sys
@@ -20,11 +19,13 @@ pytestmark = pytest.mark.slow
 
 
 def script():
-    spec = importlib.util.spec_from_file_location("reproduce_figures", ROOT / "experiments" / "reproduce_figures.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    """experiments/reproduce_figures.py as a module (its main is not run): imported from experiments/, as the script
+    itself imports its figures/ package."""
+    if str(ROOT / "experiments") not in sys.path:
+        sys.path.insert(0, str(ROOT / "experiments"))
+    import reproduce_figures
+
+    return reproduce_figures
 
 
 def read(out: Path, name: str) -> list[dict]:

@@ -33,7 +33,7 @@ def timed(fn):
     return out, time.perf_counter() - t
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_options(p, drafter="testbed", device_map=True)  # an external draft: HF assisted generation needs one
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096], help="prompt lengths in tokens")
@@ -50,81 +50,88 @@ def main(argv=None) -> int:
         p.error("--lengths must be >= 1")
     if args.drafter == "self":
         p.error("--drafter must be an external draft model (HF assisted generation needs one)")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     try:
         apply_runtime(args)
         check_output(args.output)
-    except ValueError as e:
-        return fail(e)
-    # Imported after the option checks, so bad options fail without importing transformers.
-    from rift_ada.data import build_tasks, encode
-    from rift_ada.evaluate import evaluate
-    from rift_ada.models import load_pair
-    from rift_ada.layout import CacheLayout
-    from rift_ada.models import assisted_reference, greedy_reference
-    from rift_ada.profiling import profile_decode
-    from rift_ada.refresh import PeriodicController
-    from rift_ada.speculative import Decoding, SpeculativeDecoder
+        # Imported after the option checks, so bad options fail without importing transformers.
+        from rift_ada.data import build_tasks, encode
+        from rift_ada.models import load_pair
 
-    try:
         pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype, device_map=args.device_map)
     except (ValueError, FileNotFoundError, RuntimeError) as e:  # ModelLoadError is a RuntimeError
         return fail(e)
-    eos = pair.tokenizer.eos_token_id
     report = {"budget": args.budget, "draft_length": args.draft_length, "device": args.device,
               "threads": args.threads, "lengths": []}
-
     for length in args.lengths:
         try:
             tasks = build_tasks(pair.tokenizer, "low", n=args.prompts, input_tokens=length, seed=0)
         except ValueError as e:
             return fail(e)
-        prompts = [encode(pair.tokenizer, t.prompt) for t in tasks]
-        row = {"input_tokens": length}
-        for name, layout in (("full", CacheLayout("full")), ("rift-stat", CacheLayout("rift", args.budget, store=False))):
-            dec = SpeculativeDecoder.for_pair(pair, layout, Decoding(args.draft_length))
-            ev = evaluate(dec, prompts, None, args.max_new_tokens)
-            rounds = [r for x in ev.results for r in x.rounds]
-            steps = sum(r.draft_length for r in rounds)
-            row[name] = {
-                "draft_ms_per_step": 1000 * sum(r.draft_seconds for r in rounds) / max(steps, 1),
-                "verify_ms_per_round": 1000 * sum(r.verify_seconds for r in rounds) / max(len(rounds), 1),
-                "draft_active_kv_bytes": ev.summary["draft_active_kv_bytes"],
-                "acceptance_length": ev.summary["acceptance_length"],
-            }
-
-        # End-to-end, same tokens: rift-ada's loop with a full draft cache (HF's setting) and with rift-dyn, HF
-        # assisted generation, plain greedy decoding.
-        # Our loops are profiled as they run: the share of round time outside model forwards and rescoring is the
-        # framework's overhead.
-        ours, overhead = {}, {}
-        for label, layout, ctrl in (("rift_ada_full", CacheLayout("full"), None),
-                                    ("rift_ada_dyn", CacheLayout("rift", args.budget), PeriodicController(args.period))):
-            dec = SpeculativeDecoder.for_pair(pair, layout, Decoding(args.draft_length))
-            runs = [profile_decode(dec, ids, args.max_new_tokens, ctrl) for ids in prompts]
-            ours[label] = [r.tokens for r in runs], sum(r.seconds for r in runs)
-            step = sum(r.step_seconds for r in runs)
-            overhead[label] = {"round_seconds": step, "forward_share": sum(r.forward_seconds for r in runs) / step,
-                               "refresh_share": sum(r.refresh_seconds for r in runs) / step,
-                               "overhead_share": sum(r.overhead_seconds for r in runs) / step}
-        plain, t_plain = timed(lambda: [greedy_reference(pair.target, ids, args.max_new_tokens, eos)
-                                        for ids in prompts])
-
-        # HF assisted generation: with our setting (k draft tokens a round, no confidence stop) and with its defaults
-        # (20 tokens, drafting stops when the draft's top probability < 0.4).
-        hf = {name: timed(lambda k=k: [assisted_reference(pair.target, pair.draft, ids, args.max_new_tokens, k, eos)
-                                       for ids in prompts])
-              for name, k in (("hf_assisted", args.draft_length), ("hf_assisted_default", None))}
-        n_tok = sum(len(t) for t in plain)
-        row["tokens_per_second"] = {**{k: n_tok / t for k, (_, t) in {**ours, **hf}.items()},
-                                    "target_greedy": n_tok / t_plain}
-        row["same_output"] = {k: toks == plain for k, (toks, _) in {**ours, **hf}.items()}
-        row["round_time"] = overhead
+        row = bench_length(pair, length, [encode(pair.tokenizer, t.prompt) for t in tasks], args)
         report["lengths"].append(row)
         print(json.dumps(row), file=sys.stderr)
 
     print(json.dumps(report, indent=1))
     write_output(args.output, report)
     return 0
+
+
+def bench_length(pair, length: int, prompts: list, args) -> dict:
+    """One input length's row: per-phase times of full and rift-stat, then end to end on the same tokens."""
+    from rift_ada.evaluate import evaluate
+    from rift_ada.layout import CacheLayout
+    from rift_ada.models import assisted_reference, greedy_reference
+    from rift_ada.profiling import profile_decode
+    from rift_ada.refresh import PeriodicController
+    from rift_ada.speculative import Decoding, SpeculativeDecoder
+
+    eos = pair.tokenizer.eos_token_id
+    row = {"input_tokens": length}
+    for name, layout in (("full", CacheLayout("full")), ("rift-stat", CacheLayout("rift", args.budget, store=False))):
+        dec = SpeculativeDecoder.for_pair(pair, layout, Decoding(args.draft_length))
+        ev = evaluate(dec, prompts, None, args.max_new_tokens)
+        rounds = [r for x in ev.results for r in x.rounds]
+        steps = sum(r.draft_length for r in rounds)
+        row[name] = {
+            "draft_ms_per_step": 1000 * sum(r.draft_seconds for r in rounds) / max(steps, 1),
+            "verify_ms_per_round": 1000 * sum(r.verify_seconds for r in rounds) / max(len(rounds), 1),
+            "draft_active_kv_bytes": ev.summary["draft_active_kv_bytes"],
+            "acceptance_length": ev.summary["acceptance_length"],
+        }
+
+    # End-to-end, same tokens: rift-ada's loop with a full draft cache (HF's setting) and with rift-dyn, HF
+    # assisted generation, plain greedy decoding.
+    # Our loops are profiled as they run: the share of round time outside model forwards and rescoring is the
+    # framework's overhead.
+    ours, overhead = {}, {}
+    for label, layout, ctrl in (("rift_ada_full", CacheLayout("full"), None),
+                                ("rift_ada_dyn", CacheLayout("rift", args.budget), PeriodicController(args.period))):
+        dec = SpeculativeDecoder.for_pair(pair, layout, Decoding(args.draft_length))
+        runs = [profile_decode(dec, ids, args.max_new_tokens, ctrl) for ids in prompts]
+        ours[label] = [r.tokens for r in runs], sum(r.seconds for r in runs)
+        step = sum(r.step_seconds for r in runs)
+        overhead[label] = {"round_seconds": step, "forward_share": sum(r.forward_seconds for r in runs) / step,
+                           "refresh_share": sum(r.refresh_seconds for r in runs) / step,
+                           "overhead_share": sum(r.overhead_seconds for r in runs) / step}
+    plain, t_plain = timed(lambda: [greedy_reference(pair.target, ids, args.max_new_tokens, eos)
+                                    for ids in prompts])
+
+    # HF assisted generation: with our setting (k draft tokens a round, no confidence stop) and with its defaults
+    # (20 tokens, drafting stops when the draft's top probability < 0.4).
+    hf = {name: timed(lambda k=k: [assisted_reference(pair.target, pair.draft, ids, args.max_new_tokens, k, eos)
+                                   for ids in prompts])
+          for name, k in (("hf_assisted", args.draft_length), ("hf_assisted_default", None))}
+    n_tok = sum(len(t) for t in plain)
+    row["tokens_per_second"] = {**{k: n_tok / t for k, (_, t) in {**ours, **hf}.items()},
+                                "target_greedy": n_tok / t_plain}
+    row["same_output"] = {k: toks == plain for k, (toks, _) in {**ours, **hf}.items()}
+    row["round_time"] = overhead
+    return row
 
 
 if __name__ == "__main__":

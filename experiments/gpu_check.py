@@ -135,7 +135,7 @@ def run_policy(dec, prompt, max_new, controller, peak_bytes_s, draft_weight_byte
     }
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="toy shapes and lengths: tests this script on CPU")
     p.add_argument("--lengths", type=int, nargs="+", default=None, help="input lengths (default 8192 16384 32768)")
@@ -148,10 +148,17 @@ def main(argv=None) -> int:
     p.add_argument("--output", default=None, help="also write the JSON here")
     add_runtime_options(p)
     args = p.parse_args(argv)
-    lengths = args.lengths or ([256, 512] if args.tiny else [8192, 16384, 32768])
-    budget = args.budget or (128 if args.tiny else 8192)
-    if min(lengths) < 1 or budget < 1 or args.period < 1 or args.draft_length < 1 or args.max_new_tokens < 2:
+    args.lengths = args.lengths or ([256, 512] if args.tiny else [8192, 16384, 32768])
+    args.budget = args.budget or (128 if args.tiny else 8192)
+    if (min(args.lengths) < 1 or args.budget < 1 or args.period < 1 or args.draft_length < 1
+            or args.max_new_tokens < 2):
         p.error("lengths, budget, period and draft length must be >= 1, max-new-tokens >= 2")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    lengths, budget = args.lengths, args.budget
     try:
         apply_runtime(args)
         check_output(args.output)

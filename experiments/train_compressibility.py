@@ -168,20 +168,7 @@ def _main(args, device: str) -> int:
     state = RunState(out / "state") if main else None
     t_start = time.time()
     pair = load_pair(args.target, args.drafter, device=device, dtype=args.dtype, device_map=args.device_map)
-    enc = lambda tasks: encode_prompts(pair.tokenizer, tasks)  # noqa: E731
-    targets = Path(args.targets) if args.targets else out / "targets"
-    if not (targets / "meta.json").is_file():
-        if args.targets:
-            raise FileNotFoundError(f"no target outputs in {str(targets)!r} (meta.json missing)")
-        fams = ["low", "mixed", "high"]
-        tasks = [t for i, f in enumerate(tqdm(fams, desc="building prompts", disable=not main)) for t in build_tasks(
-            pair.tokenizer, f, n=-(-args.train_prompts // 3), input_tokens=args.input_tokens,
-            seed=args.seed + 100 + i, split="train")][: args.train_prompts]
-        C.build_target_outputs(pair.target, enc(tasks), args.continuation_tokens, targets, args.top_k,
-                               args.target_temperature, args.seed, args.target)  # sharded under torchrun
-    meta, samples = C.load_target_outputs(targets, vocab_size=pair.draft.config.vocab_size)
-    if not args.targets:
-        check_targets(meta, args, targets)
+    targets, samples = target_outputs(args, pair, out)
     if args.build_targets_only:
         if main:
             print(f"target outputs: {len(samples)} samples in {targets}")
@@ -213,8 +200,8 @@ def _main(args, device: str) -> int:
 
     # Evaluation on held-out prompts: untrained vs trained drafter, same prompts and seeds; one state unit per row.
     # Under torchrun every process evaluates its share of the prompts of every row (evaluate() gathers).
-    eval_ids = enc(build_tasks(pair.tokenizer, "low", n=args.eval_prompts, input_tokens=args.input_tokens,
-                               seed=args.seed, split="eval"))
+    eval_ids = encode_prompts(pair.tokenizer, build_tasks(pair.tokenizer, "low", n=args.eval_prompts,
+                                                          input_tokens=args.input_tokens, seed=args.seed, split="eval"))
     rows = evaluate_table(pair, base, student, eval_ids, args, state)
     if not main:
         return 0
@@ -232,6 +219,28 @@ def _main(args, device: str) -> int:
     print(f"\nadapter: {out / 'adapter'} | training {train_s:.0f} s | total {results['total_seconds']:.0f} s "
           "(this session)")
     return 0
+
+
+def target_outputs(args, pair, out: Path) -> tuple[Path, list]:
+    """The target's outputs to distil (their folder and samples): given (--targets), or built in <output-dir>/targets
+    (sharded under torchrun) unless a previous run built them there with the same options."""
+    from rift_ada.data import build_tasks, encode_prompts
+    from rift_ada.trainers import compressibility as C
+
+    targets = Path(args.targets) if args.targets else out / "targets"
+    if not (targets / "meta.json").is_file():
+        if args.targets:
+            raise FileNotFoundError(f"no target outputs in {str(targets)!r} (meta.json missing)")
+        fams = ["low", "mixed", "high"]
+        tasks = [t for i, f in enumerate(tqdm(fams, desc="building prompts", disable=not distributed.is_main()))
+                 for t in build_tasks(pair.tokenizer, f, n=-(-args.train_prompts // 3), input_tokens=args.input_tokens,
+                                      seed=args.seed + 100 + i, split="train")][: args.train_prompts]
+        C.build_target_outputs(pair.target, encode_prompts(pair.tokenizer, tasks), args.continuation_tokens, targets,
+                               args.top_k, args.target_temperature, args.seed, args.target)
+    meta, samples = C.load_target_outputs(targets, vocab_size=pair.draft.config.vocab_size)
+    if not args.targets:
+        check_targets(meta, args, targets)
+    return targets, samples
 
 
 def check_targets(meta: dict, args, folder: Path) -> None:

@@ -78,17 +78,17 @@ def layout_of(name: str, budget: int | None = None, **kw):
 
 
 @functools.lru_cache(maxsize=None)
-def _testbed_pair(drafter: str):
+def testbed_pair(drafter: str):
     from rift_ada.models import load_pair
 
     return load_pair(LM_TARGET, "testbed-lm" if drafter == "testbed" else drafter)
 
 
 @functools.lru_cache(maxsize=None)
-def _train_prompts(prompts: int, input_tokens: int) -> tuple:
+def train_prompts(prompts: int, input_tokens: int) -> tuple:
     from rift_ada.data import build_tasks, encode_prompts
 
-    tok = _testbed_pair("self").tokenizer
+    tok = testbed_pair("self").tokenizer
     tasks = build_tasks(tok, "low", n=prompts, input_tokens=input_tokens, seed=0, split="train")
     return tuple(tuple(p) for p in encode_prompts(tok, tasks))
 
@@ -100,9 +100,9 @@ def env_kw(budget: int = 128, input_tokens: int = 1024, prompts: int = 2, max_ne
     from rift_ada.layout import CacheLayout
     from rift_ada.speculative import Decoding, SpeculativeDecoder
 
-    pair = _testbed_pair(drafter)
+    pair = testbed_pair(drafter)
     dec = SpeculativeDecoder.for_pair(pair, CacheLayout("rift", budget), Decoding())
-    return dict(decoder=dec, prompts=_train_prompts(prompts, input_tokens), max_new_tokens=max_new_tokens)
+    return dict(decoder=dec, prompts=train_prompts(prompts, input_tokens), max_new_tokens=max_new_tokens)
 
 
 def scripted_draft(model, prompt: list[int], reference: list[int], accepted: list[int], k: int):

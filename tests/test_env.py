@@ -143,9 +143,9 @@ def test_subprocess_envs_step_like_one_process():
     rewards and episode ends as the same specs stepped in this process, episode boundaries included."""
     from rift_ada.envs.vec import RefreshEnvSpec, make_vec_env
     from rift_ada.layout import CacheLayout
-    from tests.conftest import _train_prompts
+    from tests.conftest import train_prompts
 
-    prompts = tuple(tuple(p) for p in _train_prompts(2, 1024))
+    prompts = tuple(tuple(p) for p in train_prompts(2, 1024))
     specs = [RefreshEnvSpec(prompts, CacheLayout("rift", 128), target="testbed-lm", drafter="testbed-lm", seed=i, max_new_tokens=24,
                             reward="time", costs=COSTS) for i in range(2)]
     one = _step_all(make_vec_env(specs), 12)  # 24 tokens: episodes end within 12 rounds, and restart

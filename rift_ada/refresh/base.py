@@ -65,8 +65,12 @@ class Controller:
 
     @classmethod
     def from_spec(cls, arg: str, spec: str) -> "Controller":
-        """The controller ``--controller KIND:ARG`` names (``spec`` is the whole option, for the error message)."""
-        return cls.at(arg)
+        """The controller ``--controller KIND:ARG`` names (``spec`` is the whole option, for the error message): by
+        default the one at ARG of its knob."""
+        try:
+            return cls.at(cls.knob.type(arg) if cls.knob is not None else arg)
+        except ValueError:
+            raise ValueError(f"--controller {spec!r}: write {cls.spelling}") from None
 
     @classmethod
     def at(cls, value) -> "Controller":

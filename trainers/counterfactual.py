@@ -16,7 +16,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from rift_ada import distributed, signals
-from rift_ada.refresh import PeriodicController
+from rift_ada.refresh import PeriodicController, refresh_wanted
 
 
 @dataclass
@@ -63,7 +63,7 @@ def collect_prompt(decoder, ids: list[int], max_new_tokens: int, period: int, ho
             gain = _mean_accepted(decoder.fork(), True, horizon) - _mean_accepted(decoder.fork(), False, horizon)
             X.append(obs)
             gains.append(gain)
-        decoder.step(behaviour.decide(signals.observe(decoder.state)))
+        decoder.step(refresh_wanted(behaviour, decoder.state))
         r += 1
     return (np.asarray(X, dtype=np.float32).reshape(-1, len(signals.NAMES)), np.asarray(gains, dtype=np.float64))
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from rift_ada import signals
-from rift_ada.refresh import Controller, Knob, load_controller, parse_controller, register
+from rift_ada.refresh import (Controller, EntropyController, Knob, NeverController, PeriodicController, load_controller,
+                              parse_controller, register)
 from rift_ada.refresh.base import check_observation, number, read_json, write_controller_file
 from rift_ada.refresh.registry import KINDS
 
@@ -89,6 +90,8 @@ def test_the_shipped_kinds_and_their_sweep_order():
     assert kinds() == ["never", "periodic", "threshold", "entropy", "logistic", "ppo", "dqn"]
     assert kinds(".pt") == ["ppo", "dqn"]
     assert [c.kind for c in swept()] == ["never", "periodic", "threshold", "entropy"]
+    assert [parse_controller(s) for s in ("never", "periodic:8", "entropy:0.25")] == [
+        NeverController(), PeriodicController(8), EntropyController(0.25)]
     with pytest.raises(ValueError, match="registered already"):
         register(type("Other", (Controller,), {"kind": "never"}))
     args = type("Args", (), {"periods": [16], "acc_thresholds": [0.5], "entropy_quantiles": [0.5]})()

@@ -68,7 +68,7 @@ class Controller:
         """The controller ``--controller KIND:ARG`` names (``spec`` is the whole option, for the error message): by
         default the one at ARG of its knob."""
         try:
-            return cls.at(cls.knob.type(arg) if cls.knob is not None else arg)
+            return cls.at(cls.knob.type(arg) if cls.knob is not None and cls.knob.option is not None else arg)
         except ValueError:
             raise ValueError(f"--controller {spec!r}: write {cls.spelling}") from None
 

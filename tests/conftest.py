@@ -78,7 +78,7 @@ def layout_of(name: str, budget: int | None = None, **kw):
 
 
 @functools.lru_cache(maxsize=None)
-def testbed_pair(drafter: str):
+def cached_testbed_pair(drafter: str):
     from rift_ada.models import load_pair
 
     return load_pair(LM_TARGET, "testbed-lm" if drafter == "testbed" else drafter)
@@ -88,7 +88,7 @@ def testbed_pair(drafter: str):
 def train_prompts(prompts: int, input_tokens: int) -> tuple:
     from rift_ada.data import build_tasks, encode_prompts
 
-    tok = testbed_pair("self").tokenizer
+    tok = cached_testbed_pair("self").tokenizer
     tasks = build_tasks(tok, "low", n=prompts, input_tokens=input_tokens, seed=0, split="train")
     return tuple(tuple(p) for p in encode_prompts(tok, tasks))
 
@@ -100,7 +100,7 @@ def env_kw(budget: int = 128, input_tokens: int = 1024, prompts: int = 2, max_ne
     from rift_ada.layout import CacheLayout
     from rift_ada.speculative import Decoding, SpeculativeDecoder
 
-    pair = testbed_pair(drafter)
+    pair = cached_testbed_pair(drafter)
     dec = SpeculativeDecoder.for_pair(pair, CacheLayout("rift", budget), Decoding())
     return dict(decoder=dec, prompts=train_prompts(prompts, input_tokens), max_new_tokens=max_new_tokens)
 

@@ -9,7 +9,7 @@ from rift_ada.layout import CacheLayout
 from rift_ada.metrics import acceptance_length
 from rift_ada.oracle import oracle_schedule
 from rift_ada.speculative import SpeculativeDecoder
-from tests.conftest import testbed_pair, train_prompts
+from tests.conftest import cached_testbed_pair, train_prompts
 
 MAX_NEW, BLOCK = 24, 4  # 512-token prompt, budget 64: 15 rounds, 5 block starts, all 32 schedules
 
@@ -17,7 +17,7 @@ MAX_NEW, BLOCK = 24, 4  # 512-token prompt, budget 64: 15 rounds, 5 block starts
 @pytest.fixture(scope="module")
 def setup():
     # Self-speculation with a small budget: the selection goes stale after two rounds, and refreshing pays.
-    pair = testbed_pair("self")
+    pair = cached_testbed_pair("self")
     dec = SpeculativeDecoder(pair.target, None, CacheLayout("rift", 64), draft_length=8,
                              eos_token_id=pair.tokenizer.eos_token_id)
     return dec, list(train_prompts(2, 512)[0])

@@ -1,6 +1,6 @@
 """The paper's figures in one command: PNGs, one CSV per figure, summary.md and one W&B run.
 
-    python experiments/reproduce_figures.py                 # built-in testbed pair, about 21 minutes on 2 CPU cores
+    python experiments/reproduce_figures.py                 # built-in testbed pair, about 35 minutes on 2 shared CPU cores
     python experiments/reproduce_figures.py --quick         # small settings, 1-2 minutes
     python experiments/reproduce_figures.py --adapter runs/compressibility/adapter \
         --controller runs/controller/controller.pt             # a trained draft and a learned controller, as made by
@@ -70,11 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                        f"{' '.join(map(str, v)) if isinstance(v, list) else v}"
                                                        for k, v in QUICK.items()))
     add_model_options(p, drafter="testbed", device_map=True)
-    add_task_options(p, prompts=6, input_tokens=2048, task="low")
+    add_task_options(p, prompts=3, input_tokens=2048, task="low")
     add_cache_options(p, policy=None, budget=None,
                       budget_help="draft KV budget in tokens of figures 1, 3 and 4 (default: 25%% of --input-tokens, "
                                   "or of the mean prompt length with --data / --speedbench)")
-    add_decoding_options(p, max_new_tokens=256)
+    add_decoding_options(p, max_new_tokens=128)
     add_runtime_options(p)
     f = p.add_argument_group("figures")
     f.add_argument("--period", type=int, default=32, help="rift-dyn's refresh period (default: %(default)s)")
@@ -82,14 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a controller for rift-ada (figure 1: the first one) and for the tradeoff (figure 4: all): "
                         "a file (controller.json / .pt from train_controller.py), periodic:N or entropy:X; "
                         "repeatable. Default: the threshold rule acc_mean < 0.5")
-    f.add_argument("--budgets", type=float, nargs="+", default=[0.0625, 0.125, 0.25, 0.5],
+    f.add_argument("--budgets", type=float, nargs="+", default=[0.125, 0.25],
                    help="figure 2: budgets as fractions of the input (default: %(default)s)")
-    f.add_argument("--input-lengths", type=int, nargs="+", default=[1024, 2048, 4096],
+    f.add_argument("--input-lengths", type=int, nargs="+", default=[1024, 2048],
                    help="figure 3: prompt lengths in tokens (built tasks; with --data / --speedbench the prompts are "
                         "grouped by length up to each); default: %(default)s")
     # figure 4: every registered controller kind with a knob (--periods, --acc-thresholds, ...)
-    add_knob_options(p.add_argument_group("tradeoff sweep (figure 4)"), acc_thresholds=[0.3, 0.5, 0.7, 0.85],
-                     entropy_quantiles=[0.5, 0.75, 0.9])
+    add_knob_options(p.add_argument_group("tradeoff sweep (figure 4)"), periods=[16, 64], acc_thresholds=[0.5],
+                     entropy_quantiles=[0.9])
     f.add_argument("--oracle-lams", type=float, nargs="*", default=[],
                    help="figure 4: also the hindsight oracle (rift_ada/oracle.py) at these refresh prices in accepted "
                         "tokens, e.g. 1 4 16 (default: none; each costs about 2 x --oracle-beam decodes per prompt)")

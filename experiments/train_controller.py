@@ -83,7 +83,7 @@ def parse_args(argv=None):
     k = p.add_argument_group("tradeoff sweep")
     add_knob_options(k)  # every registered controller kind with a knob: --periods, --acc-thresholds, ...
     k.add_argument("--logistic-thresholds", type=float, nargs="+", default=[0.7])
-    k.add_argument("--oracle-lams", type=float, nargs="*", default=[1.0, 4.0],
+    k.add_argument("--oracle-lams", type=float, nargs="*", default=[4.0],
                    help="the hindsight oracle (rift_ada/oracle.py) at these refresh prices in accepted tokens: its "
                         "points on the tradeoff curve show the saving a controller could reach (none: skip it)")
     k.add_argument("--oracle-beam", type=int, default=2, help="oracle: branches kept at each decision")

@@ -228,6 +228,7 @@ def test_compressibility_masks_refuse_sliding_layers():
         model(torch.zeros(1, 8, dtype=torch.long), rift_masks=[torch.ones(1, 2, 8, 8, dtype=torch.bool)] * 2)
 
 
-def test_readme_table_is_generated_from_the_family_list():
+def test_documented_table_is_generated_from_the_family_list():
     table = runpy.run_path(str(ROOT / "experiments" / "architectures_table.py"))["table"]()
-    assert table in (ROOT / "README.md").read_text(), "paste `python experiments/architectures_table.py` into README"
+    assert table in (ROOT / "docs" / "design.md").read_text(), \
+        "paste `python experiments/architectures_table.py` into docs/design.md"

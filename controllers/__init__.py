@@ -3,6 +3,7 @@
 save and load with neither library.
 """
 
-from .logistic import fit_logistic
+from .logistic import fit_logistic, learning_curve
+from .tree import fit_tree
 
-__all__ = ["fit_logistic"]
+__all__ = ["fit_logistic", "fit_tree", "learning_curve"]

@@ -30,3 +30,27 @@ def fit_logistic(X: np.ndarray, y: np.ndarray, C: float = 1.0, seed: int = 0, **
     ctrl = LogisticController(weights=w, bias=b, **kw)
     ctrl.sklearn_model = pipe
     return ctrl
+
+
+def learning_curve(X: np.ndarray, y: np.ndarray, sizes=(0.125, 0.25, 0.5, 1.0), holdout: float = 0.25,
+                   seed: int = 0, fit=None) -> list[dict]:
+    """A fit's learning curve (``fit(X, y, seed=...)``, default :func:`fit_logistic`): fitted on growing shares of a shuffled ``1 - holdout`` part of the states,
+    scored on the other part (log-loss and accuracy of its 0.5 decision). One dict per size whose training states
+    hold both labels: ``train_states``, ``log_loss``, ``accuracy``, ``positive_rate`` (held-out)."""
+    from sklearn.metrics import log_loss
+
+    X, y = np.asarray(X, dtype=np.float64), np.asarray(y).astype(int)
+    order = np.random.default_rng(seed).permutation(len(y))
+    n_test = int(round(holdout * len(y)))
+    test, train = order[:n_test], order[n_test:]
+    if n_test == 0 or len(np.unique(y[test])) < 2:
+        return []
+    curve = []
+    for share in sizes:
+        idx = train[: max(2, int(round(share * len(train))))]
+        if len(np.unique(y[idx])) < 2:
+            continue
+        p = (fit or fit_logistic)(X[idx], y[idx], seed=seed).sklearn_model.predict_proba(X[test])[:, 1]
+        curve.append({"train_states": int(len(idx)), "log_loss": float(log_loss(y[test], p, labels=[0, 1])),
+                      "accuracy": float(((p > 0.5) == y[test]).mean()), "positive_rate": float(y[test].mean())})
+    return curve

@@ -128,6 +128,29 @@ class RiftLayer(CacheLayerMixin):
         tail = torch.arange(self.length - self.n_tail, self.length, device=self.imp_pos.device)
         return torch.cat([self.imp_pos, tail.expand(b, h, -1)], dim=-1)
 
+    def read_ahead(self, cap: int) -> tuple[float, float]:
+        """(focus, runway) of this layer's sharpest read of the importance part by the newest query: the largest
+        attention weight any query head puts on one importance entry, and how many of the positions right after that
+        entry's (p + 1, p + 2, ...) its KV head still keeps (capped at ``cap``; a run reaching the window counts as
+        ``cap``). See ``RiftCache.read_ahead``."""
+        if self.queries is None or self.queries.shape[2] == 0 or self.n_imp == 0:
+            return 0.0, 0.0
+        q = self.queries[:, :, -1:].float()  # (b, hq, 1, d): the last token the draft was fed
+        b, hq, _, d = q.shape
+        hkv, n = self.keys.shape[1], self.n_imp
+        a = (q.reshape(b, hkv, hq // hkv, d) @ self.keys.float().transpose(-1, -2) / d ** 0.5).softmax(-1)
+        top, j = a[..., :n].max(-1)  # (b, hkv, g): each query head's strongest importance entry
+        p = self.imp_pos
+        brk = torch.ones_like(p, dtype=torch.bool)
+        brk[..., :-1] = p[..., 1:] != p[..., :-1] + 1  # the last entry of each contiguous block
+        idx = torch.arange(n, device=p.device)
+        end = torch.where(brk, idx, n).flip(-1).cummin(-1).values.flip(-1)  # index of the block's last entry
+        run = (end - idx).float()
+        run = torch.where(p.gather(-1, end) + 1 >= self.length - self.n_tail, float(cap), run).clamp(max=cap)
+        best = int(top.reshape(-1).argmax())
+        runs = run.gather(-1, j.reshape(b, hkv, -1)).reshape(-1)
+        return float(top.reshape(-1)[best]), float(runs[best])
+
     def observe(self, query: torch.Tensor, positions: torch.Tensor | None = None) -> None:
         q = query.shape[2]
         if positions is None:  # called after update(): the queries are the newest tokens
@@ -341,6 +364,20 @@ class RiftCache(Cache):
         # Layers of a model spread over GPUs (device_map) live on different devices: meet on the first one's.
         cos = torch.stack([(a * b).sum(-1).mean().to(now[0].device) for a, b in zip(now, ref)]).mean()
         return float(1.0 - cos)
+
+    def read_ahead(self, cap: int = 64) -> tuple[float, float]:
+        """(runway, focus) of the newest draft query, from the active cache alone (one small matmul per layer).
+
+        focus: the largest attention weight any RIFT layer's query head puts on a single importance entry (a copying
+        head reads ~1.0 there; diffuse heads much less); runway: how many tokens right after that entry the cache
+        still holds (capped at ``cap``). While a model copies from far back, its copying head reads position p, then
+        p + 1, ...: the runway counts down one per generated token and reaches 0 where the selection stops, before
+        acceptance falls; once nothing reads the importance part sharply (a stale selection, or novel text) the
+        focus drops. (0, 0) without importance entries."""
+        best = (0.0, 0.0)
+        for layer in self.rift_layers:
+            best = max(best, layer.read_ahead(cap))
+        return best[1], best[0]
 
     def active_bytes_by_kind(self) -> dict[str, int]:
         """Bytes the draft's layers hold now: keys and values attention reads, ``full`` (RIFT layers, under the

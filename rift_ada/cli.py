@@ -170,7 +170,8 @@ def add_task_options(parser: argparse.ArgumentParser, prompts: int = 12, input_t
     g = parser.add_argument_group("prompts")
     g.add_argument("--prompts", type=int, default=prompts, help="number of prompts")
     g.add_argument("--input-tokens", type=int, default=input_tokens, help="prompt length in tokens (built tasks)")
-    g.add_argument("--task", default=task, help=f"task family: {', '.join(TASK_FAMILIES)}")
+    g.add_argument("--task", default=task, help=f"task family: {', '.join(TASK_FAMILIES)}, or a comma-separated mix "
+                                                "(low,sort,high: prompts cycle through them)")
     g.add_argument("--source-dir", default=None,
                    help="build tasks from this folder of Python files (default: held-out standard library files)")
     g.add_argument("--data", default=None, help="a JSONL file of {'prompt', 'reference'} objects instead of built tasks")
@@ -199,6 +200,11 @@ def tasks_from_args(args, tokenizer, require_reference: bool = False):
         if not tasks:
             raise ValueError(f"no SPEED-Bench prompts left after filtering {args.speedbench!r}")
         return tasks[: args.prompts]
+    if "," in args.task:
+        from .data.tasks import build_task_mix
+
+        return build_task_mix(tokenizer, args.task, args.prompts, args.input_tokens, args.seed, None,
+                              source_dir=args.source_dir)
     return build_tasks(tokenizer, args.task, n=args.prompts, input_tokens=args.input_tokens, seed=args.seed,
                        source_dir=args.source_dir)
 

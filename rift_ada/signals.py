@@ -10,8 +10,14 @@ in the environment reads the same vector the decoding loop gives it.
 | `entropy_mean`  | draft entropy of the last round, mean over its draft steps, / ln(vocab) | [0, 1] |
 | `entropy_max`   | the same, max over the round's draft steps                              | [0, 1] |
 | `drift`         | query drift since the last scoring (1 - cosine of mean queries)         | [0, 1] |
+| `runway`        | tokens the cache still holds right after the importance entry the draft reads most sharply now, / 64 | [0, 1] |
+| `focus`         | the draft's largest attention weight on one importance entry now (its newest query)     | [0, 1] |
 | `since_refresh` | generated tokens since the last scoring / 4096                          | [0, 1] |
 | `position`      | generated tokens / max_new_tokens                                       | [0, 1] |
+
+`runway` and `focus` come from the draft's newest query over its active cache (``RiftCache.read_ahead``): one small
+matmul per layer, no extra model forward. While a model copies from far back, the runway counts down one per generated
+token to where the selection stops; acceptance only falls once it has run out.
 """
 
 from __future__ import annotations
@@ -22,9 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 
 HISTORY = 4
+RUNWAY_CAP = 64  # tokens; the snapkv scorer's default lookahead, so a fresh selection reads ~1.0
 SINCE_SCALE = 4096.0  # a power of two: since_refresh * SINCE_SCALE is exactly the token count (up to the cap)
 NAMES = tuple(f"acc_{i + 1}" for i in range(HISTORY)) + (
-    "acc_mean", "entropy_mean", "entropy_max", "drift", "since_refresh", "position")
+    "acc_mean", "entropy_mean", "entropy_max", "drift", "runway", "focus", "since_refresh", "position")
 LOW = np.zeros(len(NAMES), dtype=np.float32)
 HIGH = np.ones(len(NAMES), dtype=np.float32)
 
@@ -43,6 +50,8 @@ class DecoderState:
     entropy_mean: float  # of the last round (0 before any round)
     entropy_max: float
     vocab_size: int
+    runway: float = 0.0  # tokens (RiftCache.read_ahead), capped at RUNWAY_CAP
+    focus: float = 0.0
 
 
 def index(name: str) -> int:
@@ -60,6 +69,8 @@ def observe(state: DecoderState) -> np.ndarray:
         state.entropy_mean / log_v,
         state.entropy_max / log_v,
         state.drift,
+        state.runway / RUNWAY_CAP,
+        state.focus,
         state.tokens_since_refresh / SINCE_SCALE,
         state.generated / state.max_new_tokens,
     ]

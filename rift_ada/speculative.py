@@ -30,7 +30,7 @@ from .cache import RiftCache
 from .layout import CacheLayout
 from .models import check_vocab
 from .recurrent import TargetStates
-from .signals import HISTORY, DecoderState
+from .signals import HISTORY, RUNWAY_CAP, DecoderState
 
 
 @dataclass
@@ -42,6 +42,8 @@ class RoundRecord:
     refreshed: bool
     tokens_since_refresh: int  # generated tokens since the last scoring, when the decision was taken
     drift: float  # query drift since the last scoring, when the decision was taken
+    runway: float  # read-ahead runway (tokens) and focus when the decision was taken (rift_ada.signals)
+    focus: float
     entropy_mean: float  # draft entropy (nats, temperature 1) over this round's draft steps
     entropy_max: float
     active_kv_bytes: int  # draft's active attention KV at its largest this round (round's tokens in flight)
@@ -200,7 +202,8 @@ class SpeculativeDecoder:
         new = self._emit(drafts[:n] + [nxt])
         record = RoundRecord(
             position=before.generated, accepted=n, emitted=len(new), draft_length=k, refreshed=bool(refresh),
-            tokens_since_refresh=before.tokens_since_refresh, drift=before.drift,
+            tokens_since_refresh=before.tokens_since_refresh, drift=before.drift, runway=before.runway,
+            focus=before.focus,
             entropy_mean=sum(entropies) / k if k else 0.0, entropy_max=max(entropies, default=0.0),
             active_kv_bytes=active_bytes["full"] + active_bytes["sliding"], active_kv_bytes_full=active_bytes["full"],
             active_kv_bytes_sliding=active_bytes["sliding"], state_bytes=active_bytes["state"],
@@ -288,12 +291,13 @@ class SpeculativeDecoder:
     def _state(self) -> DecoderState:
         rounds = self.result.rounds
         last = rounds[-1] if rounds else None
+        runway, focus = self.dcache.read_ahead(RUNWAY_CAP)
         return DecoderState(
             generated=len(self.result.tokens), max_new_tokens=self.max_new_tokens, rounds=len(rounds),
             tokens_since_refresh=self.tokens_since_refresh, drift=self.dcache.query_drift(),
             acceptance=tuple(r.accepted / r.draft_length if r.draft_length else 1.0 for r in rounds[-HISTORY:][::-1]),
             entropy_mean=last.entropy_mean if last else 0.0, entropy_max=last.entropy_max if last else 0.0,
-            vocab_size=self.draft.config.vocab_size)
+            vocab_size=self.draft.config.vocab_size, runway=runway, focus=focus)
 
     # --- pieces ----------------------------------------------------------------------------------------------------
     def _forward(self, model, cache, tokens: list[int], observe: bool = False, all_logits: bool = False):

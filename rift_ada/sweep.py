@@ -52,9 +52,9 @@ def add_knob_options(group, **defaults) -> None:
     for cls in swept():
         knob = cls.knob
         if knob.option is not None:
-            group.add_argument(knob.option, type=knob.type, nargs="+",
+            group.add_argument(knob.option, type=knob.type, nargs="*",
                                default=list(defaults.get(_dest(knob.option), knob.default)),
-                               help=f"{knob.help} (default: %(default)s)")
+                               help=f"{knob.help} (default: %(default)s; none: leave the kind out)")
 
 
 def knob_problem(args: argparse.Namespace) -> str | None:
@@ -106,14 +106,41 @@ def levels(observed: np.ndarray, signal: str, quantiles) -> dict | None:
 
 
 # --- running a point -------------------------------------------------------------------------------------------------
-def measure(point: Point, decoder, prompts, max_new_tokens: int, oracle_block: int = 4, oracle_beam: int = 2) -> dict:
+def measure(point: Point, decoder, prompts, max_new_tokens: int, oracle_block: int = 4, oracle_beam: int = 2,
+            seeds: int = 1) -> dict:
     """A point's counts on ``prompts``: ``decoder`` (the full cache's for the full point) driven by its controller, or
-    the oracle's schedules at its price."""
+    the oracle's schedules at its price; with ``seeds`` > 1 (sampling), once per decoder seed (``decoder.seed`` + 0,
+    1, ...), merged by :func:`merge_seeds`."""
     from .evaluate import evaluate
 
-    if point.family == "oracle":
-        return oracle_counts(run_oracle(decoder, prompts, max_new_tokens, point.controller, oracle_block, oracle_beam))
-    return counts(evaluate(decoder, prompts, point.controller, max_new_tokens))
+    base, runs = decoder.seed, []
+    try:
+        for s in range(seeds):
+            decoder.seed = base + s
+            if point.family == "oracle":
+                runs.append(oracle_counts(run_oracle(decoder, prompts, max_new_tokens, point.controller, oracle_block,
+                                                     oracle_beam)))
+            else:
+                runs.append(counts(evaluate(decoder, prompts, point.controller, max_new_tokens)))
+    finally:
+        decoder.seed = base
+    return merge_seeds(runs)
+
+
+def merge_seeds(runs: list[dict]) -> dict:
+    """One point's counts over several seeds: AL the mean of the seeds' ALs, refreshes per 1K over all tokens, counts
+    summed, each prompt's own numbers listed (``per_prompt``, with its seed), and the spread (``al_std``,
+    ``refreshes_per_1k_std``: standard deviation over seeds, 0 for one seed)."""
+    if len(runs) == 1:
+        return {**runs[0], "al_std": 0.0, "refreshes_per_1k_std": 0.0,
+                "per_prompt": [{**p, "seed": 0} for p in runs[0].get("per_prompt", [])]}
+    out = {k: sum(r[k] for r in runs) for k in ("refreshes", "tokens", "rounds", "drafted")}
+    out["per_prompt"] = [{**p, "seed": s} for s, r in enumerate(runs) for p in r.get("per_prompt", [])]
+    out["acceptance_length"] = float(np.mean([r["acceptance_length"] for r in runs]))
+    out["refreshes_per_1k"] = 1000 * out["refreshes"] / out["tokens"]
+    out["al_std"] = float(np.std([r["acceptance_length"] for r in runs]))
+    out["refreshes_per_1k_std"] = float(np.std([r["refreshes_per_1k"] for r in runs]))
+    return out
 
 
 def counts(ev) -> dict:
@@ -123,7 +150,9 @@ def counts(ev) -> dict:
     return {"acceptance_length": s["acceptance_length"], "refreshes_per_1k": s["refreshes_per_1k_tokens"],
             "refreshes": s["refreshes"], "tokens": s["generated_tokens"],
             "rounds": sum(len(r.rounds) for r in ev.results),
-            "drafted": sum(x.draft_length for r in ev.results for x in r.rounds)}
+            "drafted": sum(x.draft_length for r in ev.results for x in r.rounds),
+            "per_prompt": [{"acceptance_length": row["acceptance_length"], "refreshes": row["refreshes"],
+                            "tokens": row["generated_tokens"]} for row in ev.rows]}
 
 
 def run_oracle(decoder, prompts, max_new_tokens: int, lam: float, block: int, beam: int) -> list:
@@ -144,12 +173,47 @@ def oracle_counts(results) -> dict:
     return {"acceptance_length": float(np.mean([r.acceptance_length for r in results])),
             "refreshes_per_1k": 1000 * sum(r.refreshes for r in results) / tokens,
             "refreshes": sum(r.refreshes for r in results), "tokens": tokens,
-            "rounds": sum(r.rounds for r in results), "drafted": sum(r.drafted for r in results)}
+            "rounds": sum(r.rounds for r in results), "drafted": sum(r.drafted for r in results),
+            "per_prompt": [{"acceptance_length": r.acceptance_length, "refreshes": r.refreshes, "tokens": r.tokens}
+                           for r in results]}
+
+
+def family_rows(points: Sequence[Point], counts: Sequence[dict], families: Sequence[str]) -> dict[str, list[dict]]:
+    """Per task family (prompt i belongs to ``families[i % len(families)]``, as ``build_task_mix`` cycles them), the
+    rows :func:`tradeoff_row` would give on that family's prompts alone (AL: mean over its prompts and seeds)."""
+    out = {}
+    for f, fam in enumerate(families):
+        rows, full = [], None
+        for pt, c in zip(points, counts):
+            mine = [p for (i, _), p in _by_prompt(c).items() if i % len(families) == f]
+            if not mine:
+                continue
+            tokens = sum(p["tokens"] for p in mine)
+            row = {"family": pt.family, "knob": pt.knob,
+                   "acceptance_length": float(np.mean([p["acceptance_length"] for p in mine])),
+                   "refreshes_per_1k": 1000 * sum(p["refreshes"] for p in mine) / max(tokens, 1),
+                   "refreshes": sum(p["refreshes"] for p in mine)}
+            if pt.family == "full":
+                full = row["acceptance_length"]
+            else:
+                rows.append(row)
+        for r in rows:
+            r["al_vs_full"] = r["acceptance_length"] / full if full else None
+        out[fam] = rows
+    return out
+
+
+def _by_prompt(c: dict) -> dict:
+    """(prompt index, seed) -> that prompt's numbers, in the order :func:`merge_seeds` lists them."""
+    seeds = max([p.get("seed", 0) for p in c.get("per_prompt", [])], default=0) + 1
+    n = len(c.get("per_prompt", [])) // seeds
+    return {(i % n, p.get("seed", 0)): p for i, p in enumerate(c.get("per_prompt", []))}
 
 
 def tradeoff_row(point: Point, c: dict, full_al: float) -> dict:
     return {"family": point.family, "knob": point.knob, "acceptance_length": c["acceptance_length"],
-            "refreshes_per_1k": c["refreshes_per_1k"], "refreshes": c["refreshes"],
+            "al_std": c.get("al_std", 0.0), "refreshes_per_1k": c["refreshes_per_1k"],
+            "refreshes_per_1k_std": c.get("refreshes_per_1k_std", 0.0), "refreshes": c["refreshes"],
             "al_vs_full": c["acceptance_length"] / full_al}
 
 

@@ -5,7 +5,9 @@ refresh rate grows) and interpolated linearly. For a controller's point (R, AL):
 - refresh savings at matched AL: ``1 - R / R_periodic(AL)``, where ``R_periodic(AL)`` is the refresh rate periodic
   refresh needs to reach that AL (None when periodic never reaches it, or reaches it without refreshing);
 - AL gain at matched refreshes: ``AL - AL_periodic(R)``.
-A family's numbers are those of its best knob setting.
+A family's numbers are those of its best knob setting. With the hindsight oracle among the rows, each compared row
+also gets ``oracle_share``: its refresh savings over the oracle's best (the share of the oracle's saving it
+captures; None without an oracle saving).
 """
 
 from __future__ import annotations
@@ -59,4 +61,12 @@ def matched_comparison(rows: list[dict]) -> dict:
             fam["refresh_savings"], fam["savings_knob"] = r["refresh_savings"], r["knob"]
         if fam["al_gain"] is None or r["al_gain"] > fam["al_gain"]:
             fam["al_gain"], fam["gain_knob"] = r["al_gain"], r["knob"]
+    oracle = families.get("oracle", {}).get("refresh_savings")
+    for r in rows:
+        if r["family"] not in BASELINES:
+            r["oracle_share"] = (r["refresh_savings"] / oracle if oracle and oracle > 0
+                                 and r["refresh_savings"] is not None else None)
+    for fam in families.values():
+        fam["oracle_share"] = (fam["refresh_savings"] / oracle if oracle and oracle > 0
+                               and fam["refresh_savings"] is not None else None)
     return {"families": families, "periodic_refreshes": R.tolist(), "periodic_al": A.tolist()}

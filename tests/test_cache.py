@@ -328,3 +328,40 @@ def test_layout_split_is_integer_and_frozen():
     with pytest.raises(Exception):
         lay.budget = 5  # frozen: the cache's layout cannot change under it
     assert make_policy("rift-dyn", 64, period=8).layout == make_policy("rift-ada", 64, controller="periodic:8").layout
+
+
+def test_read_ahead_finds_the_sharpest_read_and_the_run_after_it():
+    """One RIFT layer with 2 KV heads (1 query head each) whose importance part keeps positions 10-19 and 40-44 (head
+    0) and 10-19 and 95-99 (head 1) of a 110-token history, window 100-109. Query head 0 points sharply at the key of
+    position 15: focus ~1 and runway 4 (16..19 kept, 20 not). Pointing at 42 gives 2; pointing head 1 at 97, whose
+    block runs into the window (98, 99, then the window from 100), gives the cap. Diffuse queries: focus ~1/n."""
+    from rift_ada.cache import RiftLayer
+
+    d, length = 8, 110
+    imp = torch.tensor([list(range(10, 20)) + list(range(40, 45)), list(range(10, 20)) + list(range(95, 100))])
+    keys = torch.nn.functional.one_hot(torch.arange(120) % d, d).float()[None, None].repeat(1, 2, 1, 1) * 0.0
+    layer = RiftLayer(True, None, obs_window=4)
+    layer.n_imp, layer.length = 15, length
+    layer.imp_pos = imp[None]
+    tail = torch.zeros(1, 2, 10, d)
+    g = torch.Generator().manual_seed(0)
+    imp_keys = torch.randn(1, 2, 15, d, generator=g)
+    layer.keys = torch.cat([imp_keys, tail], dim=2)
+    layer.values = torch.zeros_like(layer.keys)
+
+    def query(head, entry):  # a query that picks importance entry `entry` of KV head `head` (50x its key)
+        q = torch.zeros(1, 2, 1, d)
+        q[0, head, 0] = 50 * imp_keys[0, head, entry]
+        return q
+
+    layer.queries = query(0, 5)  # head 0 -> position 15
+    focus, runway = layer.read_ahead(64)
+    assert focus > 0.99 and runway == 4
+    layer.queries = query(0, 12)  # position 42: 43, 44 kept
+    assert layer.read_ahead(64)[1] == 2
+    layer.queries = query(1, 12)  # head 1, position 97: 98, 99 kept, then the window
+    assert layer.read_ahead(64)[1] == 64
+    assert layer.read_ahead(8)[1] == 8
+    layer.queries = torch.zeros(1, 2, 1, d)  # uniform attention over 25 active entries
+    assert layer.read_ahead(64)[0] == pytest.approx(1 / 25)
+    del keys

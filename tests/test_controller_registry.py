@@ -87,7 +87,7 @@ def test_the_shipped_kinds_and_their_sweep_order():
     from rift_ada import sweep
     from rift_ada.refresh.registry import kinds, swept
 
-    assert kinds() == ["never", "periodic", "threshold", "entropy", "logistic", "ppo", "dqn"]
+    assert kinds() == ["never", "periodic", "threshold", "entropy", "logistic", "tree", "ppo", "dqn"]
     assert kinds(".pt") == ["ppo", "dqn"]
     assert [c.kind for c in swept()] == ["never", "periodic", "threshold", "entropy"]
     assert [parse_controller(s) for s in ("never", "periodic:8", "entropy:0.25")] == [

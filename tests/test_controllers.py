@@ -203,7 +203,7 @@ MAX_NEW = 32
 def replayed_decisions(controller, rounds: list[dict], max_new_tokens: int, vocab: int) -> list[bool]:
     """The controller's decision before each round, on the observation rebuilt from the records: the state the
     decoder published then (rift_ada.signals.DecoderState) is a function of the rounds before it and of the
-    round's own recorded position, tokens since refresh and drift."""
+    round's own recorded position, tokens since refresh, drift, runway and focus."""
     from rift_ada.signals import DecoderState
 
     decisions = []
@@ -211,7 +211,7 @@ def replayed_decisions(controller, rounds: list[dict], max_new_tokens: int, voca
         past = rounds[:i]
         state = DecoderState(
             generated=r["position"], max_new_tokens=max_new_tokens, rounds=i,
-            tokens_since_refresh=r["tokens_since_refresh"], drift=r["drift"],
+            tokens_since_refresh=r["tokens_since_refresh"], drift=r["drift"], runway=r["runway"], focus=r["focus"],
             acceptance=tuple(p["accepted"] / p["draft_length"] for p in past[::-1][:signals.HISTORY]),
             entropy_mean=past[-1]["entropy_mean"] if past else 0.0,
             entropy_max=past[-1]["entropy_max"] if past else 0.0, vocab_size=vocab)
@@ -246,3 +246,71 @@ def test_exported_controller_drives_decoding_without_training_libraries(trained_
         assert res["refreshes"] == sum(decided)
         if f == "c.json":
             assert 0 < sum(decided) < len(decided), decided
+
+
+def test_wait_label_says_refresh_where_the_runway_runs_out():
+    """The 'wait' label asks whether refreshing now beats refreshing a round later. On the shipped pair's copy task
+    (periodic behaviour every 64 tokens, greedy branches) that holds where the copying head's runway is shorter than
+    a round (the next round would fall off the selection) and not where plenty is left (waiting loses nothing);
+    the 'now' label, refresh versus never within the horizon, is positive far more often."""
+    from rift_ada.data import build_tasks, encode
+    from rift_ada.models import load_pair
+    from rift_ada.policies import make_policy
+    from rift_ada.speculative import SpeculativeDecoder
+    from rift_ada.trainers.counterfactual import CounterfactualData, collect_prompt
+
+    pair = load_pair("testbed", "testbed")
+    ids = encode(pair.tokenizer, build_tasks(pair.tokenizer, "low", n=1, input_tokens=1024, seed=5)[0].prompt)
+    dec = SpeculativeDecoder(pair.target, pair.draft, make_policy("rift-dyn", 256, period=48).layout, 11)
+    X, gain, wait = collect_prompt(dec, ids, 240, period=64, horizon=3, every=1, per_prompt=None, delay=1)
+    data = CounterfactualData(X, gain, 3, wait)
+    runway, focus = X[:, signals.index("runway")] * signals.RUNWAY_CAP, X[:, signals.index("focus")]
+    short, long = (focus > 0.9) & (runway < 11), (focus > 0.9) & (runway >= 30)
+    assert short.sum() >= 2 and long.sum() >= 4, (runway, focus)
+    y = data.labels(1.0, "wait")
+    assert y[short].mean() >= 0.5 and y[long].mean() == 0, (runway, wait * 3)
+    assert data.labels(1.0, "now").sum() > y.sum()
+    with pytest.raises(ValueError, match="label must be one of wait, now"):
+        data.labels(0.0, "later")
+
+
+def test_learning_curve_scores_growing_fits_on_held_out_states():
+    from rift_ada.controllers import learning_curve
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 1, (400, len(signals.NAMES)))
+    y = (X[:, 0] + 0.1 * rng.standard_normal(400) > 0.5).astype(int)
+    curve = learning_curve(X, y, seed=0)
+    assert [c["train_states"] for c in curve] == [38, 75, 150, 300]
+    assert curve[-1]["accuracy"] > 0.85 and curve[-1]["log_loss"] < curve[0]["log_loss"]
+    assert learning_curve(X, np.zeros(400, dtype=int)) == [], "one class held out: no curve"
+
+
+def test_tree_export_parity_roundtrip_and_damaged_files(tmp_path):
+    """The exported tree decides as scikit-learn's predict_proba does (10,000 observations), loads back equal,
+    without scikit-learn, and a damaged file is refused in one line naming it."""
+    from rift_ada.controllers import fit_tree
+    from rift_ada.refresh import TreeController
+
+    rng = np.random.default_rng(1)
+    X = box_samples(600, seed=2)
+    r, f = X[:, signals.index("runway")], X[:, signals.index("focus")]
+    y = (((r < 0.2) & (f > 0.5)) | (X[:, signals.index("acc_mean")] < 0.1)).astype(int) ^ (rng.random(600) < 0.05)
+    tree = fit_tree(X, y, max_depth=3, decision=0.4)
+    xs = box_samples(10_000, seed=3)
+    p_sk = tree.sklearn_model.predict_proba(xs)[:, 1]
+    np.testing.assert_allclose([tree.probability(x) for x in xs], p_sk, atol=1e-12)
+    assert {signals.NAMES[i] for i in tree.feature if i >= 0} >= {"runway", "focus"}, tree.describe()
+    tree.save(tmp_path / "t.json")
+    back = load_controller(tmp_path / "t.json")
+    assert isinstance(back, TreeController) and back == tree
+    assert np.array_equal([back.decide(x) for x in xs], p_sk > 0.4)
+    good = json.loads((tmp_path / "t.json").read_text())
+    for name, change in {"cycle": {"left": [0] * len(good["left"])},
+                         "short": {"value": good["value"][:-1]},
+                         "feature": {"feature": [99] * len(good["feature"])},
+                         "decision": {"decision": 1.5}}.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps({**good, **change}))
+        with pytest.raises(ValueError) as err:
+            load_controller(tmp_path / f"{name}.json")
+        assert f"{name}.json" in str(err.value) and "\n" not in str(err.value)

@@ -18,7 +18,7 @@ TINY = ["--target", "testbed-lm", "--drafter", "testbed-lm", "--train-prompts", 
         "--input-tokens", "512", "--budget", "64", "--draft-length", "4",
         "--max-new-tokens", "48", "--ppo-timesteps", "64", "--lams", "1", "--periods", "16", "--acc-thresholds", "0.5",
         "--logistic-thresholds", "0.5", "--horizon", "2", "--label-margin", "0", "--oracle-lams", "1",
-        "--entropy-quantiles", "0.5"]
+        "--entropy-quantiles", "0.5", "--learners", "ppo", "--temperature", "0", "--tree-decisions", "0.5"]
 
 
 def job(out, *extra, timeout=600):

@@ -155,3 +155,25 @@ def test_bad_input():
         SpeculativeDecoder(target).reset(list(range(100)), 4090)
     with pytest.raises(ValueError, match="temperature"):
         SpeculativeDecoder(target, temperature=-1)
+
+
+def test_runway_counts_down_while_copying_and_refills_at_a_refresh(testbed_prompt):
+    """On the testbed's copy task the draft's copying head reads the source one position further per token, so
+    between refreshes the runway signal falls by the tokens each round emits, and a refresh (whose selection
+    extends the lookahead past what the queries read) puts it back up. A runway that ignored the selection, or read
+    the wrong entry, would not count down token for token."""
+    from rift_ada.models import load_pair
+    from rift_ada.refresh import PeriodicController
+
+    pair = load_pair("testbed", "testbed")  # the shipped pair: its copier reads far back
+    dec = SpeculativeDecoder(pair.target, pair.draft, make_policy("rift-dyn", 256, period=48).layout, 11)
+    res = decode(dec, testbed_prompt, 160, PeriodicController(48))
+    rounds = res.rounds
+    # a.runway is read before round a (which refreshes first if a.refreshed), b.runway after it
+    steps = [(a, b) for a, b in zip(rounds, rounds[1:]) if not a.refreshed and a.focus > 0.9 and b.focus > 0.9
+             and 0 < b.runway < 64 and 0 < a.runway < 64]
+    assert len(steps) >= 4, [(r.runway, r.focus, r.refreshed) for r in rounds]
+    assert sum(a.runway - b.runway == a.emitted for a, b in steps) >= 0.75 * len(steps), \
+        [(a.runway, b.runway, a.emitted) for a, b in steps]
+    after = [b.runway for a, b in zip(rounds, rounds[1:]) if a.refreshed]  # decided right after a refresh
+    assert after and min(after) >= 32, after

@@ -15,7 +15,7 @@ SCRIPT = ROOT / "experiments" / "train_controller.py"
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", WANDB_SILENT="true")
 
 
-LEARNED = ("threshold", "entropy", "logistic", "ppo", "dqn", "oracle")
+LEARNED = ("threshold", "entropy", "logistic", "tree", "ppo", "dqn", "oracle")
 
 
 def periodic_envelope(rows: list[dict]) -> list[tuple[float, float]]:
@@ -81,7 +81,8 @@ def test_main_job_small_run_writes_wandb_offline_table_and_outputs(tmp_path):
             "--max-new-tokens", "64", "--ppo-timesteps", "256", "--lams", "0.5", "--periods", "16", "32",
             "--acc-thresholds", "0.5", "--logistic-thresholds", "0.5", "--horizon", "3", "--label-every", "1",
             "--label-margin", "0", "--entropy-quantiles", "0.5", "--learners", "ppo,dqn", "--dqn-timesteps", "128",
-            "--reward", "time", "--oracle-lams", "2", "--output-dir", str(out)]
+            "--reward", "time", "--oracle-lams", "2", "--tree-decisions", "0.5", "--temperature", "0",
+            "--eval-seeds", "1", "--workers", "2", "--output-dir", str(out)]
     res = subprocess.run([sys.executable, str(SCRIPT), *args], env=ENV, capture_output=True, text=True, timeout=900,
                          cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -91,7 +92,13 @@ def test_main_job_small_run_writes_wandb_offline_table_and_outputs(tmp_path):
     assert printed == expected_summary_lines(rows), res.stdout[-2000:]
     both_classes = 0 < metrics["counterfactual"]["positive_rate"] < 1
     assert {r["family"] for r in rows} == {"never", "periodic", "threshold", "entropy", "ppo", "dqn", "oracle"} | (
-        {"logistic"} if both_classes else set())
+        {"logistic", "tree"} if both_classes else set())
+    oracle_saving = next(r for r in rows if r["family"] == "oracle")["refresh_savings"]
+    for r in rows:  # the share of the oracle's saving: a row's savings over the oracle's
+        if r["refresh_savings"] not in ("", None) and oracle_saving not in ("", None) and float(oracle_saving) > 0:
+            assert float(r["oracle_share"]) == pytest.approx(float(r["refresh_savings"]) / float(oracle_saving))
+        elif r["family"] not in ("never", "periodic"):
+            assert r["oracle_share"] == ""
     oracle = next(r for r in rows if r["family"] == "oracle")
     assert float(oracle["knob"]) == 2 and oracle["al_gain"] != "", "the oracle is compared with periodic too"
     full = metrics["full_cache_acceptance_length"]
@@ -153,8 +160,9 @@ def test_paper_preset_sets_the_paper_setting_and_the_testbed_refuses_it(tmp_path
     assert (paper.input_tokens, paper.max_new_tokens, paper.budget, paper.draft_length, paper.temperature) == \
         (32768, 4096, 4096, 11, 1.0)
     assert "sort" in paper.task and max(paper.periods) == 4096
-    cpu = train_controller.parse_args([])
-    assert (cpu.input_tokens, cpu.max_new_tokens, cpu.temperature) == (2048, 256, 0.0)
+    cpu = train_controller.parse_args([])  # the default: the paper's setting as far as 2 cores allow
+    assert (cpu.input_tokens, cpu.max_new_tokens, cpu.temperature, cpu.drafter) == (1024, 1024, 1.0, "testbed")
+    assert cpu.task == "low,sort,high" and cpu.budget == 256 and cpu.label == "wait"
     res = subprocess.run([sys.executable, str(SCRIPT), "--preset", "paper", "--output-dir", str(tmp_path / "p")],
                          capture_output=True, text=True, env=ENV, timeout=300)
     assert res.returncode == 2 and "Traceback" not in res.stderr

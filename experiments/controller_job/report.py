@@ -10,8 +10,8 @@ from pathlib import Path
 
 from rift_ada.trainers.resume import atomic_write
 
-COLUMNS = ["family", "knob", "acceptance_length", "al_vs_full", "refreshes_per_1k", "refreshes", "refresh_savings",
-           "al_gain"]
+COLUMNS = ["family", "knob", "acceptance_length", "al_std", "al_vs_full", "refreshes_per_1k", "refreshes_per_1k_std",
+           "refreshes", "refresh_savings", "oracle_share", "al_gain"]
 
 
 @dataclass
@@ -107,14 +107,18 @@ def log_to_wandb(run, out: Path, t: Tradeoff, timed: list, costs) -> None:
 
 
 def print_summary(t: Tradeoff, args, best: dict, ctrl_path: Path, session_s: float) -> None:
-    print(f"\nfull-cache AL {t.full_al:.3f} | budget {args.budget} | {args.eval_prompts} held-out prompts")
-    print(f"{'family':>10} {'knob':>6} {'AL':>7} {'AL/full':>8} {'ref/1K':>8} {'tok/s*':>8}")
+    print(f"\nfull-cache AL {t.full_al:.3f} | budget {args.budget} | {args.eval_prompts} held-out prompts x "
+          f"{args.eval_seeds} seed(s)")
+    print(f"{'family':>10} {'knob':>6} {'AL':>7} {'+-':>6} {'AL/full':>8} {'ref/1K':>8} {'tok/s*':>8}")
     for r, speed in zip(t.rows, t.speeds):
-        print(f"{r['family']:>10} {str(r['knob']):>6} {r['acceptance_length']:7.3f} {r['al_vs_full']:8.3f} "
-              f"{r['refreshes_per_1k']:8.2f} {speed:8.1f}")
+        print(f"{r['family']:>10} {str(r['knob']):>6} {r['acceptance_length']:7.3f} {r.get('al_std', 0):6.3f} "
+              f"{r['al_vs_full']:8.3f} {r['refreshes_per_1k']:8.2f} {speed:8.1f}")
     print("* tokens per second modelled with the measured costs (tradeoff_time.png)")
     for fam, s in t.summary["families"].items():
         sav = "n/a" if s["refresh_savings"] is None else f"{100 * s['refresh_savings']:.1f}%"
         gain = "n/a" if s["al_gain"] is None else f"{s['al_gain']:+.3f}"
         print(f"{fam}: {sav} fewer refreshes than periodic at matched AL; AL gain at matched refresh count {gain}")
+    for fam, s in t.summary["families"].items():
+        if fam != "oracle" and s.get("oracle_share") is not None:
+            print(f"  {fam} captures {100 * s['oracle_share']:.0f}% of the oracle's saving")
     print(f"exported {best['family']} (knob {best['knob']}) -> {ctrl_path}; this session {session_s:.0f} s")

@@ -9,10 +9,11 @@ rescore the draft cache before the coming round. ``rift-dyn`` is a RIFT layout p
 from .base import Controller, GapRule, Knob, refresh_wanted
 from .rules import EntropyController, NeverController, PeriodicController, ThresholdController
 from .logistic import LogisticController
+from .tree import TreeController
 from .mlp import DQNController, PPOController
 from .loader import load_controller, parse_controller
 from .registry import register
 
 __all__ = ["Controller", "DQNController", "EntropyController", "GapRule", "Knob", "LogisticController",
-           "NeverController", "PPOController", "PeriodicController", "ThresholdController", "load_controller",
+           "NeverController", "PPOController", "PeriodicController", "ThresholdController", "TreeController", "load_controller",
            "parse_controller", "refresh_wanted", "register"]

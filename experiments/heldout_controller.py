@@ -1,0 +1,124 @@
+"""An exported refresh controller against periodic refresh and the hindsight oracle, on prompts of your choosing.
+
+    python experiments/heldout_controller.py --controller runs/controller/controller.json \
+        --source-dir "$(python -c 'import pip, os; print(os.path.dirname(pip.__file__))')"
+
+The main job (``train_controller.py``) compares controllers on held-out prompts of the training distribution; this
+script asks whether the controller it exported still pays elsewhere: on prompts built from a code base the models
+never saw (``--source-dir``), at another temperature, on another pair. Every point is decoded with the same decoder
+settings and seeds: the full cache, never refreshing, periodic refresh at each ``--periods``, the controller file (as
+``python -m rift_ada.evaluate --policy rift-ada --controller FILE`` runs it: loaded by ``rift_ada.refresh``, neither
+scikit-learn nor stable-baselines3 imported), any ``--compare`` controllers (files, ``entropy:0.3``, ...), and the oracle at
+each ``--oracle-lams``. It prints the table and the matched comparison (refresh savings against periodic at matched
+AL, and the share of the oracle's saving each captures) and writes every number to ``--output`` (JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from rift_ada.cli import (ArgumentParser, add_cache_options, add_decoding_options, add_model_options,
+                          add_runtime_options, add_task_options, apply_runtime, check_output, decoding_from_args,
+                          fail, policy_from_args, require_positive, tasks_from_args, write_output)
+
+
+def parse_args(argv=None):
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--controller", required=True, help="an exported controller file (controller.json / .pt)")
+    p.add_argument("--compare", nargs="*", default=[],
+                   help="more controllers to compare on the same prompts and seeds: files (each a family named by "
+                        "its file name, e.g. the ablation's) or --controller spellings (periodic:N, entropy:X)")
+    add_model_options(p, drafter="testbed")
+    add_cache_options(p, policy=None, budget=256)
+    add_decoding_options(p, max_new_tokens=1024)
+    add_task_options(p, prompts=3, input_tokens=1024, task="low,sort,high")
+    p.add_argument("--seeds", type=int, default=2, help="decoder seeds per prompt and point (sampling)")
+    p.add_argument("--periods", type=int, nargs="+", default=[32, 64, 128, 256])
+    p.add_argument("--oracle-lams", type=float, nargs="*", default=[4.0])
+    p.add_argument("--oracle-beam", type=int, default=2)
+    p.add_argument("--oracle-block", type=int, default=4)
+    p.set_defaults(temperature=1.0)
+    p.add_argument("--workers", type=int, default=2,
+                   help="processes decoding the points side by side, each with its own copy of the pair")
+    p.add_argument("--output", default=None, help="also write every number here (JSON)")
+    add_runtime_options(p)
+    args = p.parse_args(argv)
+    require_positive(p, args, ("seeds", "budget", "max_new_tokens", "oracle_beam", "oracle_block", "workers"))
+    if any(x < 1 for x in args.periods) or any(x < 0 for x in args.oracle_lams):
+        p.error("--periods must be >= 1 and --oracle-lams >= 0")
+    return args
+
+
+def points(args):
+    from rift_ada.refresh import PeriodicController, load_controller, parse_controller
+    from rift_ada.sweep import Point, full_point, oracle_points
+
+    pts = [full_point(), Point("never", "-", None)]
+    pts += [Point("periodic", n, PeriodicController(n)) for n in args.periods]
+    pts.append(Point("controller", args.controller, load_controller(args.controller)))
+    pts += [Point(Path(spec).stem if Path(spec).suffix else spec, "-", parse_controller(spec)) for spec in args.compare]
+    return pts + oracle_points(args.oracle_lams)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        apply_runtime(args)
+        check_output(args.output)
+        layout = policy_from_args(args, "rift-ada", controller="never").layout
+        pts = points(args)
+        from rift_ada.data import encode_prompts
+        from rift_ada.models import load_pair
+        from rift_ada.sweep import tradeoff_row
+        from rift_ada.tradeoff import matched_comparison
+
+        from controller_job import stages, workers
+
+        pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype)
+        prompts = encode_prompts(pair.tokenizer, tasks_from_args(args, pair.tokenizer))
+        decoding = decoding_from_args(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        return fail(e)
+    seeds = args.seeds if args.temperature > 0 else 1  # greedy: every seed decodes the same tokens
+    t0 = time.time()
+    setting = workers.Setting(args.target, args.drafter, args.device, args.dtype, args.threads, decoding)
+    units = [(f"{i}", stages.sweep_unit, (pt, layout, prompts, args.max_new_tokens, args.oracle_block,
+                                          args.oracle_beam, seeds)) for i, pt in enumerate(pts)]
+    counts = workers.run_units(workers.MemoryState(), units, workers.Context(pair, decoding), setting, args.workers,
+                               "points", first=[f"{i}" for i, pt in enumerate(pts) if pt.family == "oracle"])
+    full_al = counts[0]["acceptance_length"]
+    rows = [tradeoff_row(p, c, full_al) for p, c in zip(pts[1:], counts[1:])]
+    summary = matched_comparison(rows)
+    print(f"\n{args.target} / {args.drafter}, T = {args.temperature:g}, {len(prompts)} prompts ({args.task}"
+          f"{', ' + args.source_dir if args.source_dir else ''}) x {seeds} seed(s), {args.max_new_tokens} new tokens, "
+          f"budget {args.budget}: full-cache AL {full_al:.3f}")
+    print("| family | knob | AL | +- | refreshes / 1K | fewer refreshes than periodic | share of oracle's saving |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        sav, share = r.get("refresh_savings"), r.get("oracle_share")
+        print(f"| {r['family']} | {r['knob']} | {r['acceptance_length']:.3f} | {r['al_std']:.3f} | "
+              f"{r['refreshes_per_1k']:.1f} | {'-' if sav is None else f'{100 * sav:.1f}%'} | "
+              f"{'-' if share is None else f'{100 * share:.0f}%'} |")
+    per_family = {}
+    if "," in args.task and not (args.data or args.speedbench):
+        from rift_ada.data import task_mix
+        from rift_ada.sweep import family_rows
+
+        for fam, frows in family_rows(pts, counts, task_mix(args.task)).items():
+            fsum = matched_comparison(frows)["families"]
+            per_family[fam] = {"rows": frows, "matched": fsum}
+            line = ", ".join(f"{r['family']} {r['knob']} {r['acceptance_length']:.2f} @ {r['refreshes_per_1k']:.1f}"
+                             for r in frows)
+            sav = {k: v["refresh_savings"] for k, v in fsum.items()}
+            print(f"{fam}: {line}; savings {({k: None if v is None else round(v, 3) for k, v in sav.items()})}")
+    write_output(args.output, {"options": {k: v for k, v in vars(args).items()}, "full_acceptance_length": full_al,
+                               "rows": rows, "matched": summary, "per_family": per_family,
+                               "seconds": time.time() - t0})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -75,7 +75,7 @@ def bad_controllers(tmp_path_factory):
 
     saved("list.pt", "it holds a list", lambda o: [1, 2, 3])
     saved("logistic_kind.pt", "kind 'logistic'", lambda o: o.update(kind="logistic"))
-    saved("shape.pt", "'0.weight' has shape (4, 10)", lambda o: o["state_dict"].update({"0.weight": torch.zeros(4, N)}))
+    saved("shape.pt", f"'0.weight' has shape (4, {N})", lambda o: o["state_dict"].update({"0.weight": torch.zeros(4, N)}))
     saved("sizes.pt", "'sizes'", lambda o: o.update(sizes=[N, 8, 3]))
     saved("obs_mean.pt", "'obs_mean'", lambda o: o.update(obs_mean=[0.0, 1.0]))
     saved("code.pt", "refused", lambda o: o.update(payload=RunsCode(str(d / "executed"))))

@@ -216,7 +216,7 @@ def main(argv=None) -> int:
         return fail(e)
     print(f"cost model: draft step {1e3 * costs.draft_step_s:.2f} ms, verify {1e3 * costs.verify_s:.2f} ms, refresh "
           f"{1e3 * costs.refresh_s:.2f} ms", file=sys.stderr)
-    data, _, data_s = stages.collect(state, ctx, setting, layout, train_ids, args)
+    data, data_s = stages.collect(state, ctx, setting, layout, train_ids, args)
     labels = data.labels(args.refresh_cost if args.label_margin is None else args.label_margin, args.label)
     data_stats = {"states": int(len(labels)), "positive_rate": float(labels.mean()) if len(labels) else 0.0,
                   "mean_gain": float(data.gain.mean()) if len(labels) else 0.0}

@@ -339,7 +339,6 @@ def test_read_ahead_finds_the_sharpest_read_and_the_run_after_it():
 
     d, length = 8, 110
     imp = torch.tensor([list(range(10, 20)) + list(range(40, 45)), list(range(10, 20)) + list(range(95, 100))])
-    keys = torch.nn.functional.one_hot(torch.arange(120) % d, d).float()[None, None].repeat(1, 2, 1, 1) * 0.0
     layer = RiftLayer(True, None, obs_window=4)
     layer.n_imp, layer.length = 15, length
     layer.imp_pos = imp[None]
@@ -364,4 +363,3 @@ def test_read_ahead_finds_the_sharpest_read_and_the_run_after_it():
     assert layer.read_ahead(8)[1] == 8
     layer.queries = torch.zeros(1, 2, 1, d)  # uniform attention over 25 active entries
     assert layer.read_ahead(64)[0] == pytest.approx(1 / 25)
-    del keys

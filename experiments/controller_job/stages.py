@@ -75,8 +75,7 @@ def counterfactual_unit(ctx, layout, ids, max_new_tokens, period_range, seed, ho
 
 
 def collect(state, ctx, setting, layout, prompts, args):
-    """Counterfactual data, one unit per prompt: (CounterfactualData, the prompt of each state, seconds spent on it
-    over all sessions). Each prompt's trajectory refreshes after periods drawn from --behaviour-periods (a new one
+    """Counterfactual data, one unit per prompt: (CounterfactualData, seconds spent on it over all sessions). Each prompt's trajectory refreshes after periods drawn from --behaviour-periods (a new one
     after every refresh), so every task family contributes fresh, expiring and stale states."""
     from rift_ada.trainers import counterfactual
 
@@ -94,8 +93,7 @@ def collect(state, ctx, setting, layout, prompts, args):
         np.asarray([x for p in parts for x in p["X"]], dtype=np.float32).reshape(-1, len(signals.NAMES)),
         np.asarray([g for p in parts for g in p["gain"]], dtype=np.float64), args.horizon,
         np.asarray([g for p in parts for g in p["wait"]], dtype=np.float64))
-    groups = np.concatenate([np.full(len(p["gain"]), i) for i, p in enumerate(parts)] + [np.zeros(0)])
-    return data, groups, sum(p["seconds"] for p in parts)
+    return data, sum(p["seconds"] for p in parts)
 
 
 def fit(state, run, data, labels, stats: dict, args):

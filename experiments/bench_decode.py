@@ -6,8 +6,9 @@
 For each prompt length it decodes the same prompts with a full draft cache and with RIFT (rift-stat) and reports the
 draft's peak active KV bytes and its time per draft forward. It then compares end-to-end tokens/s of rift-ada's
 speculative loop (external drafter; full draft cache, and rift-dyn) with HF assisted generation
-(`generate(assistant_model=...)`: fixed 11 draft tokens and no confidence stop, and HF's defaults) and with plain greedy
-`generate`,
+(`generate(assistant_model=...)`: fixed 11 draft tokens and no confidence stop, and HF's defaults), with plain greedy
+`generate`, and rift-dyn through `generate(custom_generate=rift_generate)` beside the same loop run without profiling
+(``generate_vs_loop``: the ratio of their tokens/s),
 checking that all of them produce the same tokens. Our loops are profiled as they run (``rift_ada.profiling``):
 ``round_time`` splits their round time into model forwards, rescoring and the framework's overhead (the rest).
 """
@@ -42,10 +43,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--draft-length", type=int, default=11)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--prompts", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=2,
+                   help="runs per prompt of the generate-path comparison (the fastest counts)")
     p.add_argument("--output", default=None, help="also write the JSON here")
     add_runtime_options(p)
     args = p.parse_args(argv)
-    require_positive(p, args, ("budget", "period", "draft_length", "max_new_tokens", "prompts"))
+    require_positive(p, args, ("budget", "period", "draft_length", "max_new_tokens", "prompts", "repeats"))
     if min(args.lengths) < 1:
         p.error("--lengths must be >= 1")
     if args.drafter == "self":
@@ -120,6 +123,7 @@ def bench_length(pair, length: int, prompts: list, args) -> dict:
                            "overhead_share": sum(r.overhead_seconds for r in runs) / step}
     plain, t_plain = timed(lambda: [greedy_reference(pair.target, ids, args.max_new_tokens, eos)
                                     for ids in prompts])
+    ours.update(generate_path(pair, prompts, args))
 
     # HF assisted generation: with our setting (k draft tokens a round, no confidence stop) and with its defaults
     # (20 tokens, drafting stops when the draft's top probability < 0.4).
@@ -131,7 +135,46 @@ def bench_length(pair, length: int, prompts: list, args) -> dict:
                                 "target_greedy": n_tok / t_plain}
     row["same_output"] = {k: toks == plain for k, (toks, _) in {**ours, **hf}.items()}
     row["round_time"] = overhead
+    row["generate_vs_loop"] = row["tokens_per_second"]["rift_ada_dyn_generate"] / row["tokens_per_second"][
+        "rift_ada_dyn_loop"]
     return row
+
+
+def generate_path(pair, prompts: list, args) -> dict:
+    """rift-dyn through ``target.generate(custom_generate=rift_generate)`` and through our loop (``decode``, no
+    profiling hooks), alternating per prompt so both see the same machine, each prompt's time the fastest of
+    ``--repeats`` runs (another job's bursts only ever slow a run down): {label: (tokens, seconds)}."""
+    from rift_ada.evaluate import decode
+    from rift_ada.hf import rift_generate
+    from rift_ada.layout import CacheLayout
+    from rift_ada.refresh import PeriodicController
+    from rift_ada.speculative import Decoding, SpeculativeDecoder
+
+    eos = pair.tokenizer.eos_token_id
+
+    def loop(ids):
+        dec = SpeculativeDecoder.for_pair(pair, CacheLayout("rift", args.budget), Decoding(args.draft_length))
+        return decode(dec, ids, args.max_new_tokens, PeriodicController(args.period)).tokens
+
+    def generate(ids):
+        x = torch.tensor([ids], device=pair.target.device)
+        out = pair.target.generate(
+            x, attention_mask=torch.ones_like(x), assistant_model=pair.draft, max_new_tokens=args.max_new_tokens,
+            do_sample=False, eos_token_id=eos, pad_token_id=eos, custom_generate=rift_generate, rift_policy="rift-dyn",
+            rift_budget=args.budget, rift_period=args.period, rift_draft_length=args.draft_length)
+        return out[0, len(ids):].tolist()
+
+    out = {}
+    for ids in prompts:
+        best = {}
+        for _ in range(args.repeats):
+            for label, fn in (("rift_ada_dyn_loop", loop), ("rift_ada_dyn_generate", generate)):
+                tokens, t = timed(lambda: fn(ids))
+                best[label] = (tokens, min(t, best.get(label, (None, float("inf")))[1]))
+        for label, (tokens, t) in best.items():
+            toks, total = out.get(label, ([], 0.0))
+            out[label] = toks + [tokens], total + t
+    return out
 
 
 if __name__ == "__main__":

@@ -154,14 +154,23 @@ def add_decoding_options(parser: argparse.ArgumentParser, max_new_tokens: int = 
     g.add_argument("--draft-length", type=int, default=11, help="draft tokens per round (k)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=_top_k, default=0, help="sample from the k most likely tokens (0 = off)")
     g.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="(default: %(default)s)")
+
+
+def _top_k(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0 (0 = off), got {value}")
+    return value
 
 
 def decoding_from_args(args, **overrides):
     """The :class:`~rift_ada.speculative.Decoding` the decoding options (and ``--seed``) describe."""
     from .speculative import Decoding
 
-    opts = dict(draft_length=args.draft_length, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    opts = dict(draft_length=args.draft_length, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                top_k=getattr(args, "top_k", 0))
     return Decoding(**{**opts, **overrides})
 
 

@@ -66,6 +66,7 @@ class Decoding:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     seed: int = 0
+    top_k: int = 0  # 0 = off
 
 
 @dataclass
@@ -112,13 +113,15 @@ class SpeculativeDecoder:
 
     def __init__(self, target, draft=None, layout: CacheLayout | None = None, draft_length: int = 11,
                  temperature: float = 0.0, top_p: float = 1.0, eos_token_id: int | None = None, seed: int = 0,
-                 store_device: str | None = None):
+                 store_device: str | None = None, top_k: int = 0):
         if not isinstance(draft_length, int) or draft_length < 1:
             raise ValueError(f"draft length k must be an integer >= 1, got {draft_length!r}")
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if not isinstance(top_k, int) or top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
         self.target = target
         self.draft = target if draft is None else draft
         self.self_speculative = draft is None or draft is target
@@ -126,7 +129,7 @@ class SpeculativeDecoder:
         layer_kinds(self.target.config)  # both caches must roll back exactly: layer kinds rift-ada knows only
         layer_kinds(self.draft.config)
         self.layout = layout or CacheLayout("full")
-        self.k, self.temperature, self.top_p = draft_length, temperature, top_p
+        self.k, self.temperature, self.top_p, self.top_k = draft_length, temperature, top_p, top_k
         self.eos_token_id = eos_token_id
         self.seed = seed
         self.store_device = store_device
@@ -228,7 +231,7 @@ class SpeculativeDecoder:
         """A decoder of ``pair`` (``rift_ada.models.ModelPair``) with ``layout`` and the ``decoding`` settings;
         ``draft`` replaces the pair's draft (e.g. one with a LoRA adapter)."""
         return cls(pair.target, pair.draft if draft is None else draft, layout, decoding.draft_length,
-                   temperature=decoding.temperature, top_p=decoding.top_p,
+                   temperature=decoding.temperature, top_p=decoding.top_p, top_k=decoding.top_k,
                    eos_token_id=pair.tokenizer.eos_token_id, seed=decoding.seed, store_device=store_device)
 
     # --- a round's bookkeeping ---------------------------------------------------------------------------------------
@@ -309,10 +312,15 @@ class SpeculativeDecoder:
         return out if all_logits else out[-1]
 
     def _probs(self, logits: torch.Tensor) -> torch.Tensor | None:
-        """The sampling distribution (temperature, then top-p), or None for greedy."""
+        """The sampling distribution (temperature, then top-k, then top-p: transformers' order), or None for
+        greedy."""
         if self.temperature == 0:
             return None
         p = torch.softmax(logits.float() / self.temperature, -1)
+        if 0 < self.top_k < p.shape[-1]:
+            kth = p.topk(self.top_k, -1).values[..., -1:]
+            p = p.masked_fill(p < kth, 0.0)  # ties with the k-th stay, as in transformers' TopKLogitsWarper
+            p = p / p.sum(-1, keepdim=True)
         if self.top_p < 1:
             sorted_p, idx = p.sort(-1, descending=True)
             drop = sorted_p.cumsum(-1) - sorted_p > self.top_p  # keep the smallest prefix reaching top_p

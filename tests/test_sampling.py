@@ -61,12 +61,16 @@ MIN_EXPECTED = 5  # chi-square's usual rule: cells expected fewer times are pool
 MIN_POWER = 0.99
 
 
-def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> tuple[torch.Tensor, float]:
+def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float,
+                   top_k: int = 0) -> tuple[torch.Tensor, float]:
     """The target's sampling distribution, written independently of the decoder: softmax at ``temperature``, then
-    the most likely tokens until their mass reaches ``top_p`` (the one crossing it included), renormalised. Also
-    returns how far the nearest cumulative mass lies from ``top_p``, so a test can make sure rounding cannot move the
-    cut."""
+    (``top_k``) the k most likely tokens, then the most likely tokens until their mass reaches ``top_p`` (the one
+    crossing it included), renormalised. Also returns how far the nearest cumulative mass lies from ``top_p``, so a
+    test can make sure rounding cannot move the cut."""
     p = torch.softmax(logits.double() / temperature, -1)
+    if top_k:
+        p = torch.where(p >= p.sort(-1, descending=True).values[..., top_k - 1:top_k], p, 0.0)
+        p = p / p.sum(-1, keepdim=True)
     if top_p >= 1:
         return p, 1.0
     sorted_p, order = p.sort(-1, descending=True)
@@ -77,13 +81,13 @@ def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> tu
 
 
 @torch.no_grad()
-def sequence_distribution(target, prompt: list[int], n: int, temperature: float, top_p: float):
+def sequence_distribution(target, prompt: list[int], n: int, temperature: float, top_p: float, top_k: int = 0):
     """Exact probability of every ``n``-token continuation under the target's own sampling."""
     dist, margin = {(): 1.0}, 1.0
     for _ in range(n):
         prefixes = [s for s, pr in dist.items() if pr > 0]
         logits = target(torch.tensor([prompt + list(s) for s in prefixes])).logits[:, -1]
-        probs, m = sampling_probs(logits, temperature, top_p)
+        probs, m = sampling_probs(logits, temperature, top_p, top_k)
         margin = min(margin, m)
         dist = {s + (t,): dist[s] * float(probs[j, t]) for j, s in enumerate(prefixes) for t in range(VOCAB)}
     return dist, margin

@@ -1,0 +1,196 @@
+"""rift-ada as a transformers decoding method: ``target.generate(..., custom_generate=rift_generate)``.
+
+    from rift_ada.hf import rift_generate
+
+    out = target.generate(**inputs, assistant_model=draft, custom_generate=rift_generate, max_new_tokens=256,
+                          rift_policy="rift-dyn", rift_budget=512, rift_period=64)
+
+``generate`` prepares the inputs as usual (generation config, logits processors, stopping criteria, streamer) and
+hands the loop to :func:`rift_generate`, which runs rift-ada's own round (``SpeculativeDecoder.step``, driven as
+``rift_ada.evaluate.decode`` drives it): the same code as ``python -m rift_ada.evaluate``, not a second
+implementation. Without ``assistant_model`` the target drafts for itself on the compressed cache (self-speculation).
+The repository's ``custom_generate/`` folder makes the same method loadable by path,
+``custom_generate="path/to/rift-ada", trust_remote_code=True``.
+
+The ``rift_*`` arguments (a policy as in ``rift_ada.policies``):
+
+| argument              | default      | meaning                                                                     |
+|-----------------------|--------------|-----------------------------------------------------------------------------|
+| ``rift_policy``       | ``rift-dyn`` | full, window, snapkv, rift-stat, rift-dyn, rift-ada                         |
+| ``rift_budget``       | 512          | the draft's active KV budget in tokens (ignored by ``full``)                |
+| ``rift_period``       | 64           | rift-dyn: generated tokens between refreshes                                |
+| ``rift_controller``   | -            | rift-ada: a controller file, ``periodic:N``, ``entropy:X``, ``never``, or a |
+|                       |              | controller object (``rift_ada.refresh``)                                    |
+| ``rift_draft_length`` | 11           | draft tokens per round (k)                                                  |
+| ``rift_seed``         | drawn        | the sampler's seed; by default drawn from torch's global generator, so      |
+|                       |              | ``torch.manual_seed`` before ``generate`` makes sampling reproducible       |
+| ``rift_layout``       | -            | more layout knobs for ``make_policy``: ``window_fraction``, ``obs_window``, |
+|                       |              | ``scorer``, ``lookahead``, ...                                              |
+| ``rift_rounds``       | False        | with ``return_dict_in_generate=True``: the per-round records as ``.rounds`` |
+| ``rift_draft``        | -            | the draft, for targets whose ``generate`` refuses ``assistant_model``       |
+|                       |              | (stateful hybrids: Qwen3.5, Nemotron-H); the same as ``assistant_model``   |
+
+Honoured from ``generate``: ``max_new_tokens`` / ``max_length``, ``do_sample``, ``temperature``, ``top_k``, ``top_p``,
+``eos_token_id`` and every stopping criterion (checked after each token, so a run stops at the token where plain
+``generate`` stops), ``streamer`` (the prompt, then one ``put`` per token, then ``end``), ``return_dict_in_generate``
+(``sequences``). Refused, in one line naming the argument: batch > 1, padding, beam search, several return sequences,
+logits processors other than temperature / top-k / top-p (a repetition penalty or a minimum length would have to be
+applied at each draft position to keep the output distribution the target's), scores, logits, attentions and hidden
+states in the output.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from dataclasses import dataclass
+
+import torch
+from transformers.generation import GenerationMixin
+from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
+                                                    TopPLogitsWarper)
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from .policies import make_policy
+from .refresh.base import refresh_wanted
+from .speculative import SpeculativeDecoder
+
+DEFAULTS = dict(policy="rift-dyn", budget=512, period=64, draft_length=11)
+WARPERS = {TemperatureLogitsWarper: "temperature", TopKLogitsWarper: "top_k", TopPLogitsWarper: "top_p"}
+UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
+
+
+@dataclass
+class RiftGenerateOutput(GenerateDecoderOnlyOutput):
+    """``generate``'s usual output (``sequences``), with rift-ada's per-round records (``rift_ada.speculative
+    .RoundRecord``) when ``rift_rounds=True``."""
+
+    rounds: list | None = None
+
+
+@torch.no_grad()
+def rift_generate(model, input_ids: torch.LongTensor, logits_processor=None, stopping_criteria=None,
+                  generation_config=None, synced_gpus: bool = False, streamer=None, assistant_model=None,
+                  rift_policy: str = DEFAULTS["policy"], rift_budget: int | None = DEFAULTS["budget"],
+                  rift_period: int | None = None, rift_controller=None,
+                  rift_draft_length: int = DEFAULTS["draft_length"], rift_seed: int | None = None,
+                  rift_layout: dict | None = None, rift_rounds: bool = False, rift_draft=None, **model_kwargs):
+    """The decoding loop ``generate(custom_generate=rift_generate)`` calls after its input preparation (see the
+    module's docstring for the ``rift_*`` arguments)."""
+    dropped = _arguments_generate_kept_back()
+    streamer = streamer if streamer is not None else dropped.get("streamer")
+    assistant_model = assistant_model if assistant_model is not None else dropped.get("assistant_model")
+    if rift_draft is not None and assistant_model is not None and rift_draft is not assistant_model:
+        raise ValueError("assistant_model and rift_draft name two drafts: give one")
+    draft = rift_draft if rift_draft is not None else assistant_model
+    cfg = generation_config if generation_config is not None else model.generation_config
+    _refuse_what_a_round_cannot_honour(input_ids, cfg, model_kwargs, rift_rounds)
+    sampling = _sampling(cfg, logits_processor or [])
+    if rift_period is None and rift_policy == "rift-dyn":
+        rift_period = DEFAULTS["period"]
+    try:
+        policy = make_policy(rift_policy, None if rift_policy == "full" else rift_budget, period=rift_period,
+                             controller=rift_controller, **(rift_layout or {}))
+    except ValueError as e:  # the policy table's messages name the command-line options: name ours
+        raise ValueError(str(e).replace("--", "rift_")) from None
+    if rift_seed is None:  # from the global generator: torch.manual_seed(s) before generate fixes the tokens
+        rift_seed = int(torch.randint(0, 2**62, (1,)))
+    # eos_token_id=None: EOS stops the run through the stopping criteria below, as in plain generate (several EOS
+    # ids, stop strings and custom criteria included).
+    decoder = SpeculativeDecoder(model, draft, policy.layout, rift_draft_length, seed=rift_seed,
+                                 store_device=None, **sampling)
+    prompt_len = input_ids.shape[1]
+    max_new = cfg.max_length - prompt_len
+    if max_new < 1:
+        raise ValueError(f"max_length ({cfg.max_length}) leaves no room after the {prompt_len}-token prompt: set "
+                         "max_new_tokens")
+    sequence = torch.empty(1, prompt_len + max_new, dtype=torch.long, device=input_ids.device)
+    sequence[:, :prompt_len] = input_ids
+    length = prompt_len
+
+    def emit(tokens) -> bool:
+        """Append ``tokens`` one at a time, as plain generate would; True once a stopping criterion fires."""
+        nonlocal length
+        for tok in tokens:
+            sequence[0, length] = tok
+            length += 1
+            if streamer is not None:
+                streamer.put(sequence[0, length - 1:length].cpu())
+            if stopping_criteria is not None and bool(stopping_criteria(sequence[:, :length], None).all()):
+                return True
+        return length - prompt_len >= max_new
+
+    decoder.reset(input_ids[0].tolist(), max_new)
+    stop = emit(decoder.result.tokens)
+    while not stop and not decoder.done:
+        decoder.step(refresh_wanted(policy.controller, decoder.state))
+        stop = emit(decoder.result.tokens[length - prompt_len:])
+    if streamer is not None:
+        streamer.end()
+    sequences = sequence[:, :length]
+    if cfg.return_dict_in_generate:
+        return RiftGenerateOutput(sequences=sequences, rounds=decoder.result.rounds if rift_rounds else None)
+    return sequences
+
+
+@functools.cache
+def _generate_code():
+    return inspect.unwrap(GenerationMixin.generate).__code__
+
+
+def _arguments_generate_kept_back() -> dict:
+    """``assistant_model`` and ``streamer`` as the user gave them to ``generate``.
+
+    transformers 5.24 hands a callable ``custom_generate`` only the keyword arguments its signature adds to
+    ``_sample``'s, taken from ``**kwargs`` (``GenerationMixin._extract_generation_mode_kwargs``): ``assistant_model``
+    and ``streamer`` are parameters of ``generate`` itself, so they never reach the callable. They are read from the
+    calling ``generate``'s frame instead; a test fails if a transformers release moves them."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code is not _generate_code():
+        frame = frame.f_back
+    if frame is None:  # called directly, not from generate
+        return {}
+    return {k: frame.f_locals.get(k) for k in ("assistant_model", "streamer")}
+
+
+def _refuse_what_a_round_cannot_honour(input_ids, cfg, model_kwargs, rift_rounds: bool) -> None:
+    if getattr(cfg, "num_beams", 1) != 1:
+        raise ValueError(f"num_beams={cfg.num_beams}: rift_generate is speculative decoding, not beam search")
+    if getattr(cfg, "num_return_sequences", 1) != 1:
+        raise ValueError(f"num_return_sequences={cfg.num_return_sequences}: rift_generate returns one sequence")
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"rift_generate decodes one sequence: got a batch of {input_ids.shape[0]} (input_ids "
+                         f"of shape {tuple(input_ids.shape)}); call generate once per prompt")
+    for name in UNSUPPORTED_OUTPUTS:
+        if getattr(cfg, name, False):
+            raise ValueError(f"{name}=True: rift_generate returns sequences (and rift_rounds), not per-token "
+                             f"{name.removeprefix('output_')}")
+    if rift_rounds and not cfg.return_dict_in_generate:
+        raise ValueError("rift_rounds=True needs return_dict_in_generate=True (the records come as .rounds)")
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool(mask.all()):
+        raise ValueError("attention_mask has padding (generate infers one from pad_token_id in the prompt if none is "
+                         "given): rift_generate decodes one unpadded sequence; pass attention_mask of ones if those "
+                         "tokens are text")
+    cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+    if cache is not None and cache.get_seq_length() > 0:
+        raise ValueError("a filled cache was passed: rift_generate prefills its own caches from input_ids")
+
+
+def _sampling(cfg, processors) -> dict:
+    """``temperature``, ``top_k``, ``top_p`` of the decoder from the prepared logits processors (the user's own list
+    included). Anything else would change p at each draft position in a way the rejection rule does not see."""
+    found = {}
+    for proc in processors:
+        name = WARPERS.get(type(proc))
+        if name is None:
+            raise ValueError(f"{type(proc).__name__}: rift_generate applies only temperature, top_k and top_p (a "
+                             "processor that changes the target's distribution per position is not supported)")
+        if name in found:
+            raise ValueError(f"two {type(proc).__name__}s in logits_processor: give {name} once")
+        found[name] = getattr(proc, name)
+    if not cfg.do_sample:  # greedy: the warpers keep the argmax
+        return dict(temperature=0.0)
+    return dict(temperature=float(found.get("temperature", 1.0)), top_k=int(found.get("top_k", 0)),
+                top_p=float(found.get("top_p", 1.0)))

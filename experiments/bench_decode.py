@@ -111,19 +111,24 @@ def bench_length(pair, length: int, prompts: list, args) -> dict:
     # assisted generation, plain greedy decoding.
     # Our loops are profiled as they run: the share of round time outside model forwards and rescoring is the
     # framework's overhead.
-    ours, overhead = {}, {}
+    ours, overhead, decode_s = {}, {}, {}
     for label, layout, ctrl in (("rift_ada_full", CacheLayout("full"), None),
                                 ("rift_ada_dyn", CacheLayout("rift", args.budget), PeriodicController(args.period))):
         dec = SpeculativeDecoder.for_pair(pair, layout, Decoding(args.draft_length))
         runs = [profile_decode(dec, ids, args.max_new_tokens, ctrl) for ids in prompts]
         ours[label] = [r.tokens for r in runs], sum(r.seconds for r in runs)
         step = sum(r.step_seconds for r in runs)
+        decode_s[label] = step
         overhead[label] = {"round_seconds": step, "forward_share": sum(r.forward_seconds for r in runs) / step,
                            "refresh_share": sum(r.refresh_seconds for r in runs) / step,
                            "overhead_share": sum(r.overhead_seconds for r in runs) / step}
     plain, t_plain = timed(lambda: [greedy_reference(pair.target, ids, args.max_new_tokens, eos)
                                     for ids in prompts])
     ours.update(generate_path(pair, prompts, args))
+    # Decode alone, what speculation speeds up: our loops' rounds, and greedy's time less a one-token generate (the
+    # prompt's forward and the first token), which is the target's prefill.
+    _, t_prefill = timed(lambda: [greedy_reference(pair.target, ids, 1, eos) for ids in prompts])
+    row["prefill_s"] = t_prefill / len(prompts)
 
     # HF assisted generation: with our setting (k draft tokens a round, no confidence stop) and with its defaults
     # (20 tokens, drafting stops when the draft's top probability < 0.4).
@@ -135,6 +140,9 @@ def bench_length(pair, length: int, prompts: list, args) -> dict:
                                 "target_greedy": n_tok / t_plain}
     row["same_output"] = {k: toks == plain for k, (toks, _) in {**ours, **hf}.items()}
     row["round_time"] = overhead
+    after_first = n_tok - len(prompts)  # the first token comes with the prefill
+    row["decode_tokens_per_second"] = {"greedy": after_first / max(t_plain - t_prefill, 1e-9),
+                                       **{k: after_first / t for k, t in decode_s.items()}}
     row["generate_vs_loop"] = row["tokens_per_second"]["rift_ada_dyn_generate"] / row["tokens_per_second"][
         "rift_ada_dyn_loop"]
     return row

@@ -42,6 +42,9 @@ from .selection import gather_positions, observation_window, select_importance
 from .recurrent import StateLayer
 
 
+STORE_CHUNK = 1024  # tokens: the backing store's smallest growth step
+
+
 class RiftLayer(CacheLayerMixin):
     is_croppable = True
     is_sliding = False
@@ -56,7 +59,11 @@ class RiftLayer(CacheLayerMixin):
         self.length = 0  # absolute tokens seen (logical length)
         self.n_imp = 0
         self.imp_pos: torch.Tensor | None = None  # (b, kv_heads, n_imp) absolute positions
-        self.store_k = self.store_v = None
+        # The backing store: preallocated buffers of which the first ``store_len`` tokens are filled. Appending a
+        # token writes in place; a full buffer grows by a quarter (at least STORE_CHUNK tokens). A cat per token
+        # would copy the whole history at every draft step, making the step's time grow with the context.
+        self._store_k = self._store_v = None
+        self.store_len = 0
         self.queries: torch.Tensor | None = None  # (b, q_heads, nq, d), post-RoPE
         self.query_pos: torch.Tensor | None = None  # (nq,)
 
@@ -67,7 +74,7 @@ class RiftLayer(CacheLayerMixin):
         self.keys, self.values = empty.clone(), value_states[:, :, :0].clone()
         if self.keep_store:
             dev = self.store_device or self.device
-            self.store_k, self.store_v = empty.to(dev).clone(), value_states[:, :, :0].to(dev).clone()
+            self._store_k, self._store_v = empty.to(dev).clone(), value_states[:, :, :0].to(dev).clone()
         self.imp_pos = torch.empty(*key_states.shape[:2], 0, dtype=torch.long, device=self.device)
         self.is_initialized = True
 
@@ -77,10 +84,32 @@ class RiftLayer(CacheLayerMixin):
         self.keys = torch.cat([self.keys, key_states], dim=-2)
         self.values = torch.cat([self.values, value_states], dim=-2)
         if self.keep_store:
-            self.store_k = torch.cat([self.store_k, key_states.to(self.store_k.device)], dim=-2)
-            self.store_v = torch.cat([self.store_v, value_states.to(self.store_v.device)], dim=-2)
+            self._store_append(key_states, value_states)
         self.length += key_states.shape[-2]
         return self.keys, self.values
+
+    @property
+    def store_k(self) -> torch.Tensor | None:
+        """The backing store's keys, (b, kv_heads, length, d): a view of the filled part."""
+        return None if self._store_k is None else self._store_k[:, :, :self.store_len]
+
+    @property
+    def store_v(self) -> torch.Tensor | None:
+        return None if self._store_v is None else self._store_v[:, :, :self.store_len]
+
+    def _store_append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        end = self.store_len + k.shape[-2]
+        if end > self._store_k.shape[-2]:
+            old_cap = self._store_k.shape[-2]
+            cap = max(end, old_cap + max(STORE_CHUNK, old_cap // 4))  # geometric: O(1) copying per token
+            for name in ("_store_k", "_store_v"):
+                old = getattr(self, name)
+                new = old.new_empty(*old.shape[:2], cap, old.shape[-1])
+                new[:, :, :self.store_len] = old[:, :, :self.store_len]
+                setattr(self, name, new)
+        self._store_k[:, :, self.store_len:end] = k.to(self._store_k.device)
+        self._store_v[:, :, self.store_len:end] = v.to(self._store_v.device)
+        self.store_len = end
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         # Called before update(): self.keys holds the n_active stored entries.
@@ -104,7 +133,7 @@ class RiftLayer(CacheLayerMixin):
                                "(compact() must run only after a round's rollback)")
         self.keys, self.values = self.keys[:, :, :-n], self.values[:, :, :-n]
         if self.keep_store:
-            self.store_k, self.store_v = self.store_k[:, :, :-n], self.store_v[:, :, :-n]
+            self.store_len -= n
         self.length -= n
         if self.queries is not None:
             keep = self.query_pos < self.length

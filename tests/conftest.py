@@ -146,9 +146,12 @@ def script_tokens(accepted: list[int] = SCRIPT, k: int = SCRIPT_K, extra_rounds:
 
 
 def assert_same_layers(ours, theirs):
-    """Every tensor and number each attention layer of two draft caches holds is the same, bit for bit."""
+    """Every tensor and number each attention layer of two draft caches holds is the same, bit for bit (of a
+    preallocated buffer ``_name``, the filled part its property ``name`` shows)."""
     for i, (a, b) in enumerate(zip(ours.layers, theirs.layers)):
         for name, x in vars(a).items():
+            if name.startswith("_") and isinstance(getattr(type(a), name[1:], None), property):
+                name, x = name[1:], getattr(a, name[1:])
             if isinstance(x, torch.Tensor):
                 assert torch.equal(x, getattr(b, name)), (i, name)
             elif isinstance(x, (int, float)):

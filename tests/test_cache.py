@@ -363,3 +363,29 @@ def test_read_ahead_finds_the_sharpest_read_and_the_run_after_it():
     assert layer.read_ahead(8)[1] == 8
     layer.queries = torch.zeros(1, 2, 1, d)  # uniform attention over 25 active entries
     assert layer.read_ahead(64)[0] == pytest.approx(1 / 25)
+
+
+def test_backing_store_appends_in_place_and_crops_by_length():
+    """The store is a preallocated buffer: 3,000 one-token appends after a 1,024-token prefill reallocate it a few
+    times (geometric growth), not once per token, and it always reads back every token fed, in order, rollbacks
+    included."""
+    from rift_ada.cache import RiftLayer
+
+    layer = RiftLayer(keep_store=True, store_device=None, obs_window=8)
+    g = torch.Generator().manual_seed(0)
+    fed = [torch.randn(1, 2, 1024, 4, generator=g)]
+    layer.update(fed[0], fed[0] + 1)
+    buffers = {layer._store_k.data_ptr()}
+    for i in range(3000):
+        kv = torch.randn(1, 2, 1, 4, generator=g)
+        layer.update(kv, kv + 1)
+        fed.append(kv)
+        if i % 7 == 6:  # a rejected token: dropped from the store, later overwritten
+            layer.crop(-1)
+            fed.pop()
+        buffers.add(layer._store_k.data_ptr())
+    expected = torch.cat(fed, dim=-2)
+    assert layer.store_len == layer.length == expected.shape[-2]
+    assert torch.equal(layer.store_k, expected) and torch.equal(layer.store_v, expected + 1)
+    assert len(buffers) <= 6, f"{len(buffers)} reallocations"
+    assert layer._store_k.shape[-2] < 1.5 * layer.store_len, "growth overshoots by at most a quarter (or a chunk)"

@@ -124,16 +124,29 @@ def compose_role(role: str, assets: Path = ASSETS):
         torch.set_num_threads(threads)
 
 
+def weights_moments(model) -> dict[str, list[float]]:
+    """Per tensor of the state dict, [sum, sum of |x|, sum of x^2] in float64: what a composition on another CPU
+    must match to rounding (its bytes may differ: the calibration forward and the kernel fits round differently
+    under other SIMD kernels), while any change to the circuit or the trained weights moves them far more."""
+    out = {}
+    for name, t in sorted(model.state_dict().items()):
+        x = t.detach().cpu().double()
+        out[name] = [float(x.sum()), float(x.abs().sum()), float((x * x).sum())]
+    return out
+
+
 def pin_checksums(assets: Path = ASSETS) -> dict:
-    """Compose both roles (into the cache) and record their checksums in ``circuit.json``; returns them."""
+    """Compose both roles (into the cache) and record their checksums and moments in ``circuit.json``; returns the
+    checksums."""
     from transformers import LlamaForCausalLM
 
-    sums = {}
+    sums, moments = {}, {}
     for role in LM_FOLDERS:
         with _quiet():
-            sums[role] = weights_sha256(LlamaForCausalLM.from_pretrained(composed_folder(role, assets)))
+            model = LlamaForCausalLM.from_pretrained(composed_folder(role, assets))
+        sums[role], moments[role] = weights_sha256(model), weights_moments(model)
     settings = read_settings(assets)
-    settings["composed_sha256"] = sums
+    settings["composed_sha256"], settings["composed_moments"] = sums, moments
     (Path(assets) / SETTINGS).write_text(json.dumps(settings, indent=1) + "\n")
     return sums
 
@@ -151,7 +164,8 @@ def _fingerprint(role: str, assets: Path) -> str:
 def _hash_inputs(paths: tuple, stamps: tuple) -> str:
     h = hashlib.sha256(torch.__version__.encode())
     settings_path = paths[2]
-    settings = {k: v for k, v in json.loads(settings_path.read_text()).items() if k != "composed_sha256"}
+    settings = {k: v for k, v in json.loads(settings_path.read_text()).items()
+                if k not in ("composed_sha256", "composed_moments")}
     h.update(json.dumps(settings, sort_keys=True).encode())
     for path in paths[:2] + paths[3:]:
         h.update(path.name.encode())
@@ -214,4 +228,5 @@ def _quiet():
 
 
 __all__ = ["ASSETS", "CIRCUITS", "LM_FOLDERS", "cache_root", "circuit_of", "compose_role", "composed_folder",
-           "lm_folder", "pin_checksums", "read_settings", "trained_folder", "weights_sha256", "write_settings"]
+           "lm_folder", "pin_checksums", "read_settings", "trained_folder", "weights_moments", "weights_sha256",
+           "write_settings"]

@@ -46,12 +46,16 @@ class Evaluation:
 
 
 def decode(decoder: SpeculativeDecoder, prompt_ids: Sequence[int], max_new_tokens: int,
-           controller=None) -> DecodeResult:
+           controller=None, on_tokens=None) -> DecodeResult:
     """Decode one prompt to the end, ``controller`` (``rift_ada.refresh``) deciding each round's refresh from the
-    signals (None: never refresh)."""
+    signals (None: never refresh). ``on_tokens(new_tokens) -> bool``, if given, sees the first token and then each
+    round's new tokens, and ends the decode by returning True (``rift_ada.hf``: streamers, stopping criteria)."""
     decoder.reset(prompt_ids, max_new_tokens)
-    while not decoder.done:
+    stop = on_tokens is not None and on_tokens(decoder.result.tokens)
+    while not decoder.done and not stop:
+        seen = len(decoder.result.tokens)
         decoder.step(refresh_wanted(controller, decoder.state))
+        stop = on_tokens is not None and on_tokens(decoder.result.tokens[seen:])
     return decoder.result
 
 

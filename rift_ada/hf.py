@@ -6,8 +6,8 @@
                           rift_policy="rift-dyn", rift_budget=512, rift_period=64)
 
 ``generate`` prepares the inputs as usual (generation config, logits processors, stopping criteria, streamer) and
-hands the loop to :func:`rift_generate`, which runs rift-ada's own round (``SpeculativeDecoder.step``, driven as
-``rift_ada.evaluate.decode`` drives it): the same code as ``python -m rift_ada.evaluate``, not a second
+hands the loop to :func:`rift_generate`, which runs rift-ada's own loop (``rift_ada.evaluate.decode``, its tokens
+handed to the streamer and stopping criteria after each round): the same code as ``python -m rift_ada.evaluate``, not a second
 implementation. Without ``assistant_model`` the target drafts for itself on the compressed cache (self-speculation).
 The repository's ``custom_generate/`` folder makes the same method loadable by path,
 ``custom_generate="path/to/rift-ada", trust_remote_code=True``.
@@ -53,7 +53,7 @@ from transformers.generation.logits_process import (TemperatureLogitsWarper, Top
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .policies import make_policy
-from .refresh.base import refresh_wanted
+from .evaluate import decode
 from .speculative import SpeculativeDecoder
 
 DEFAULTS = dict(policy="rift-dyn", budget=512, period=64, draft_length=11)
@@ -110,7 +110,8 @@ def rift_generate(model, input_ids: torch.LongTensor, logits_processor=None, sto
     length = prompt_len
 
     def emit(tokens) -> bool:
-        """Append ``tokens`` one at a time, as plain generate would; True once a stopping criterion fires."""
+        """Append ``tokens`` one at a time, as plain generate would; True once a stopping criterion fires (the
+        decoder itself stops at max_new)."""
         nonlocal length
         for tok in tokens:
             sequence[0, length] = tok
@@ -119,13 +120,9 @@ def rift_generate(model, input_ids: torch.LongTensor, logits_processor=None, sto
                 streamer.put(sequence[0, length - 1:length].cpu())
             if stopping_criteria is not None and bool(stopping_criteria(sequence[:, :length], None).all()):
                 return True
-        return length - prompt_len >= max_new
+        return False
 
-    decoder.reset(input_ids[0].tolist(), max_new)
-    stop = emit(decoder.result.tokens)
-    while not stop and not decoder.done:
-        decoder.step(refresh_wanted(policy.controller, decoder.state))
-        stop = emit(decoder.result.tokens[length - prompt_len:])
+    decode(decoder, input_ids[0].tolist(), max_new, policy.controller, on_tokens=emit)
     if streamer is not None:
         streamer.end()
     sequences = sequence[:, :length]

@@ -11,6 +11,14 @@ speculative loop (external drafter; full draft cache, and rift-dyn) with HF assi
 (``generate_vs_loop``: the ratio of their tokens/s),
 checking that all of them produce the same tokens. Our loops are profiled as they run (``rift_ada.profiling``):
 ``round_time`` splits their round time into model forwards, rescoring and the framework's overhead (the rest).
+
+``tokens_per_s`` is decode alone (prefill apart, as ``prefill_s``): what speculation speeds up. With ``--compile`` it
+also holds the compiled paths (``*_compiled``: our loop drafting through the compiled static step of
+``rift_ada.static``, and greedy ``generate`` on HF's static cache with ``torch.compile``), with ``draft_ms_per_step``
+eager and compiled, compile times apart (``compile_s``) and dynamo's graph counts (``warmup_graphs``, and
+``recompiles`` during the timed runs).
+
+    python experiments/bench_decode.py --compile --lengths 1024 2048 4096 7168 8064 --prompts 1 --repeats 1
 """
 
 from __future__ import annotations
@@ -45,6 +53,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2,
                    help="runs per prompt of the generate-path comparison (the fastest counts)")
+    p.add_argument("--compile", action="store_true",
+                   help="also time the compiled paths: our loop drafting through the compiled static step "
+                        "(rift_ada.static), and greedy generate on HF's static cache with torch.compile")
     p.add_argument("--output", default=None, help="also write the JSON here")
     add_runtime_options(p)
     args = p.parse_args(argv)
@@ -85,7 +96,8 @@ def main(argv=None) -> int:
 
 
 def bench_length(pair, length: int, prompts: list, args) -> dict:
-    """One input length's row: per-phase times of full and rift-stat, then end to end on the same tokens."""
+    """One input length's row: per-phase times of full and rift-stat, then end to end and decode alone on the same
+    tokens."""
     from rift_ada.evaluate import evaluate
     from rift_ada.layout import CacheLayout
     from rift_ada.models import assisted_reference, greedy_reference
@@ -111,11 +123,15 @@ def bench_length(pair, length: int, prompts: list, args) -> dict:
     # assisted generation, plain greedy decoding.
     # Our loops are profiled as they run: the share of round time outside model forwards and rescoring is the
     # framework's overhead.
-    ours, overhead, decode_s = {}, {}, {}
+    ours, overhead, decode_s, dyn_rounds = {}, {}, {}, []
     for label, layout, ctrl in (("rift_ada_full", CacheLayout("full"), None),
                                 ("rift_ada_dyn", CacheLayout("rift", args.budget), PeriodicController(args.period))):
         dec = SpeculativeDecoder.for_pair(pair, layout, Decoding(args.draft_length))
-        runs = [profile_decode(dec, ids, args.max_new_tokens, ctrl) for ids in prompts]
+        runs = []
+        for ids in prompts:
+            runs.append(profile_decode(dec, ids, args.max_new_tokens, ctrl))
+            if label == "rift_ada_dyn":
+                dyn_rounds.append(dec.result)
         ours[label] = [r.tokens for r in runs], sum(r.seconds for r in runs)
         step = sum(r.step_seconds for r in runs)
         decode_s[label] = step
@@ -131,21 +147,104 @@ def bench_length(pair, length: int, prompts: list, args) -> dict:
     row["prefill_s"] = t_prefill / len(prompts)
 
     # HF assisted generation: with our setting (k draft tokens a round, no confidence stop) and with its defaults
-    # (20 tokens, drafting stops when the draft's top probability < 0.4).
+    # (20 draft tokens, drafting stops when the draft's top probability < 0.4).
     hf = {name: timed(lambda k=k: [assisted_reference(pair.target, pair.draft, ids, args.max_new_tokens, k, eos)
                                    for ids in prompts])
           for name, k in (("hf_assisted", args.draft_length), ("hf_assisted_default", None))}
+    _, t_draft_prefill = timed(lambda: [greedy_reference(pair.draft, ids, 1, eos) for ids in prompts])
     n_tok = sum(len(t) for t in plain)
     row["tokens_per_second"] = {**{k: n_tok / t for k, (_, t) in {**ours, **hf}.items()},
                                 "target_greedy": n_tok / t_plain}
     row["same_output"] = {k: toks == plain for k, (toks, _) in {**ours, **hf}.items()}
     row["round_time"] = overhead
     after_first = n_tok - len(prompts)  # the first token comes with the prefill
-    row["decode_tokens_per_second"] = {"greedy": after_first / max(t_plain - t_prefill, 1e-9),
-                                       **{k: after_first / t for k, t in decode_s.items()}}
+    # Decode only: HF assisted less both models' one-token generate (their prefills).
+    row["tokens_per_s"] = {"greedy": after_first / max(t_plain - t_prefill, 1e-9),
+                           "full": after_first / decode_s["rift_ada_full"],
+                           "rift_dyn": after_first / decode_s["rift_ada_dyn"],
+                           "hf_assisted": after_first / max(hf["hf_assisted"][1] - t_prefill - t_draft_prefill, 1e-9)}
+    row["draft_ms_per_step"] = {"eager": draft_step_ms(dyn_rounds)}
+    if args.compile:
+        compiled = compiled_rows(pair, prompts, args, plain)
+        row["tokens_per_s"].update(compiled.pop("tokens_per_s"))
+        row["draft_ms_per_step"]["compiled"] = compiled.pop("draft_ms_per_step")
+        row["same_output"].update(compiled.pop("same_output"))
+        row.update(compiled)
     row["generate_vs_loop"] = row["tokens_per_second"]["rift_ada_dyn_generate"] / row["tokens_per_second"][
         "rift_ada_dyn_loop"]
     return row
+
+
+def draft_step_ms(results: list) -> float:
+    """Milliseconds per draft token over the rounds of ``results`` (``DecodeResult``s)."""
+    rounds = [r for x in results for r in x.rounds]
+    return 1000 * sum(r.draft_seconds for r in rounds) / max(sum(r.draft_length for r in rounds), 1)
+
+
+def decode_rift_dyn(pair, args, draft_step: str, ids: list[int], layout=None, max_new_tokens: int | None = None):
+    from rift_ada.evaluate import decode
+    from rift_ada.layout import CacheLayout
+    from rift_ada.refresh import PeriodicController
+    from rift_ada.speculative import Decoding, SpeculativeDecoder
+
+    rift = layout is None
+    dec = SpeculativeDecoder.for_pair(pair, layout or CacheLayout("rift", args.budget),
+                                      Decoding(args.draft_length, draft_step=draft_step))
+    return decode(dec, ids, max_new_tokens or args.max_new_tokens, PeriodicController(args.period) if rift else None)
+
+
+def compiled_rows(pair, prompts: list, args, plain: list) -> dict:
+    """The compiled side: our loop drafting through the compiled static step (rift-dyn; the full cache, whose shape
+    is fixed for one prompt only), and plain greedy ``generate`` on HF's static cache with ``torch.compile``. Each
+    is warmed up first on the same shapes (compile time, reported as ``compile_s``, is never inside tokens/s);
+    ``recompiles`` counts the graphs dynamo compiled during the timed runs, ``warmup_graphs`` those each warm-up
+    compiled (rift-dyn's static shape: one graph at the first length, none after it)."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    from rift_ada.layout import CacheLayout
+
+    eos = pair.tokenizer.eos_token_id
+    config = CompileConfig(mode="reduce-overhead" if pair.target.device.type == "cuda" else "default")
+    config._compile_all_devices = True  # transformers compiles on CUDA only unless told
+
+    def greedy(ids, n):
+        x = torch.tensor([ids], device=pair.target.device)
+        out = pair.target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
+                                   eos_token_id=eos, pad_token_id=eos, top_p=None, top_k=None, temperature=None,
+                                   cache_implementation="static", compile_config=config)
+        return out[0, len(ids):].tolist()
+
+    full = CacheLayout("full")
+    runs = {"rift_dyn": lambda ids, n=None: decode_rift_dyn(pair, args, "compiled", ids, max_new_tokens=n),
+            "full": lambda ids, n=None: decode_rift_dyn(pair, args, "compiled", ids, full, n)}
+    compile_s, warmup_graphs, tokens, seconds, results = {}, {}, {}, {}, {}
+    graphs = lambda: counters["stats"]["unique_graphs"]  # noqa: E731
+    timed_graphs = 0
+    for label in runs:
+        # Warm-up on the first prompt: rift-dyn's shape does not depend on it; the full cache's does (its prompt's
+        # length and max_new_tokens), so it warms up on the generation it then times.
+        before = graphs()
+        _, compile_s[label] = timed(lambda: runs[label](prompts[0], None if label == "full" else 2 * args.draft_length))
+        warmup_graphs[label] = graphs() - before
+        before = graphs()
+        results[label] = [runs[label](ids) for ids in prompts]
+        timed_graphs += graphs() - before
+        tokens[label] = [r.tokens for r in results[label]]
+        seconds[label] = sum(r.decode_seconds for r in results[label])
+    before = graphs()
+    _, compile_s["greedy"] = timed(lambda: greedy(prompts[0], args.max_new_tokens))
+    warmup_graphs["greedy"] = graphs() - before
+    before = graphs()
+    tokens["greedy"], t_all = timed(lambda: [greedy(ids, args.max_new_tokens) for ids in prompts])
+    _, t_one = timed(lambda: [greedy(ids, 1) for ids in prompts])
+    timed_graphs += graphs() - before
+    after_first = sum(len(t) for t in plain) - len(prompts)
+    return {"tokens_per_s": {"greedy_compiled": after_first / max(t_all - t_one, 1e-9),
+                             **{f"{k}_compiled": after_first / seconds[k] for k in runs}},
+            "draft_ms_per_step": draft_step_ms(results["rift_dyn"]),
+            "same_output": {f"{k}_compiled": tokens[k] == plain for k in tokens},
+            "compile_s": compile_s, "warmup_graphs": warmup_graphs, "recompiles": timed_graphs}
 
 
 def generate_path(pair, prompts: list, args) -> dict:

@@ -145,6 +145,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--peak-tb-s", type=float, default=4.8, help="device memory bandwidth, TB/s (H200: 4.8)")
     p.add_argument("--skip-testbed", action="store_true", help="skip the lossless check on the testbed pair")
+    p.add_argument("--compile", action="store_true",
+                   help="also rift-dyn drafting through the compiled static step (rift_ada.static; a CUDA graph on "
+                        "GPU), after a warm-up that compiles it (compile_s, never inside the timed run)")
     p.add_argument("--output", default=None, help="also write the JSON here")
     add_runtime_options(p)
     args = p.parse_args(argv)
@@ -203,6 +206,8 @@ def main(argv=None) -> int:
             tokens, row[name] = run_policy(dec, prompt, args.max_new_tokens, ctrl, peak, dw)
             row[name]["shared_prefix_with_greedy"] = shared_prefix(tokens, plain)
             del dec
+        if args.compile:
+            row.update(compiled_rift_dyn(target, draft, prompt, plain, layouts["rift-dyn"], args, timer, peak, dw))
         for name, k in (("hf_assisted", args.draft_length), ("hf_assisted_default", None)):
             hf, t_hf = timer(lambda: assisted_reference(target, draft, prompt, args.max_new_tokens, k))
             row[name] = {"tokens_per_s": len(hf) / t_hf, "shared_prefix_with_greedy": shared_prefix(hf, plain)}
@@ -223,6 +228,26 @@ def main(argv=None) -> int:
     print(table(report))
     write_output(args.output, report)
     return 0
+
+
+def compiled_rift_dyn(target, draft, prompt, plain, layout_controller, args, timer, peak, dw) -> dict:
+    """rift-dyn with the draft stepping through ``torch.compile`` of the static step: a warm-up of two rounds
+    compiles it (``compile_s``; graphs in ``warmup_graphs``: 0 after the first length, whose graph every length
+    shares), then the timed run (``recompiles``: graphs compiled during it)."""
+    from torch._dynamo.utils import counters
+
+    from rift_ada.speculative import SpeculativeDecoder
+
+    layout, ctrl = layout_controller
+    dec = SpeculativeDecoder(target, draft, layout, args.draft_length, draft_step="compiled")
+    graphs = lambda: counters["stats"]["unique_graphs"]  # noqa: E731
+    before = graphs()
+    _, compile_s = timer(lambda: run_policy(dec, prompt, 2 * args.draft_length + 2, ctrl, peak, dw))
+    warm, before = graphs() - before, graphs()
+    tokens, row = run_policy(dec, prompt, args.max_new_tokens, ctrl, peak, dw)
+    row["shared_prefix_with_greedy"] = shared_prefix(tokens, plain)
+    return {"rift-dyn-compiled": row, "compile_s": compile_s, "warmup_graphs": warm,
+            "recompiles": graphs() - before}
 
 
 def testbed_lossless(device: str, k: int) -> dict:

@@ -43,9 +43,33 @@ from .recurrent import StateLayer
 
 
 STORE_CHUNK = 1024  # tokens: the backing store's smallest growth step
+ROUND_SLACK = 64  # active slots beyond the budget: a round's tokens in flight (k + 1 <= 64) never reallocate
+
+
+def _fit(buf: torch.Tensor, filled: int, need: int, slack: int) -> torch.Tensor:
+    """``buf`` (b, h, capacity, d) if it holds ``need`` entries, else a larger one holding its first ``filled``."""
+    if need <= buf.shape[2]:
+        return buf
+    # Zeros, not empty: the static step attends over unfilled slots too (masked), and 0 x NaN would be NaN.
+    new = buf.new_zeros(*buf.shape[:2], max(need + slack, buf.shape[2] + buf.shape[2] // 4), *buf.shape[3:])
+    new[:, :, :filled] = buf[:, :, :filled]
+    return new
+
+
+def _shift(buf: torch.Tensor, start: int, drop: int, end: int) -> None:
+    """Close a gap in place: entries ``start + drop .. end`` move to ``start`` (a copy first: the ranges overlap)."""
+    buf[:, :, start:end - drop] = buf[:, :, start + drop:end].clone()
 
 
 class RiftLayer(CacheLayerMixin):
+    """One full-attention layer of the draft: the active entries ``[importance | tail]`` and the backing store.
+
+    Every tensor that changes per token lives in a preallocated buffer written in place, so a decode step allocates
+    nothing and a static-shape step (``rift_ada.static``) can attend over the same buffers: the active keys / values
+    (``_k`` / ``_v``, the first ``n_active`` slots filled, ``ROUND_SLACK`` spare), the observation queries (``_q``,
+    ``_qpos``) and the backing store (``_store_k`` / ``_store_v``). ``keys`` / ``values`` / ``queries`` / ``query_pos``
+    / ``store_k`` / ``store_v`` are views of their filled parts."""
+
     is_croppable = True
     is_sliding = False
 
@@ -59,34 +83,60 @@ class RiftLayer(CacheLayerMixin):
         self.length = 0  # absolute tokens seen (logical length)
         self.n_imp = 0
         self.imp_pos: torch.Tensor | None = None  # (b, kv_heads, n_imp) absolute positions
-        # The backing store: preallocated buffers of which the first ``store_len`` tokens are filled. Appending a
-        # token writes in place; a full buffer grows by a quarter (at least STORE_CHUNK tokens). A cat per token
-        # would copy the whole history at every draft step, making the step's time grow with the context.
+        self._k = self._v = None
+        self._n = 0
+        # The backing store grows by a quarter (at least STORE_CHUNK tokens): a cat per token would copy the whole
+        # history at every draft step, making the step's time grow with the context.
         self._store_k = self._store_v = None
         self.store_len = 0
-        self.queries: torch.Tensor | None = None  # (b, q_heads, nq, d), post-RoPE
-        self.query_pos: torch.Tensor | None = None  # (nq,)
+        self._q = self._qpos = None  # (b, q_heads, cap, d) post-RoPE queries; (cap,) their positions
+        self._nq = 0
+        self.queries: torch.Tensor | None = None
+        self.query_pos: torch.Tensor | None = None
 
     # --- transformers Cache layer contract -------------------------------------------------------------------------
     def lazy_initialization(self, key_states, value_states):
         self.device, self.dtype = key_states.device, key_states.dtype
-        empty = key_states[:, :, :0]
-        self.keys, self.values = empty.clone(), value_states[:, :, :0].clone()
+        self._k, self._v = key_states[:, :, :0].clone(), value_states[:, :, :0].clone()
+        self._set_active(0)
         if self.keep_store:
             dev = self.store_device or self.device
-            self._store_k, self._store_v = empty.to(dev).clone(), value_states[:, :, :0].to(dev).clone()
+            self._store_k, self._store_v = key_states[:, :, :0].to(dev).clone(), value_states[:, :, :0].to(dev).clone()
         self.imp_pos = torch.empty(*key_states.shape[:2], 0, dtype=torch.long, device=self.device)
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.keys = torch.cat([self.keys, key_states], dim=-2)
-        self.values = torch.cat([self.values, value_states], dim=-2)
-        if self.keep_store:
-            self._store_append(key_states, value_states)
-        self.length += key_states.shape[-2]
+        n, q = self._n, key_states.shape[-2]
+        self.reserve(n + q)
+        self._k[:, :, n:n + q] = key_states
+        self._v[:, :, n:n + q] = value_states
+        self.commit(q)
         return self.keys, self.values
+
+    def reserve(self, n: int) -> None:
+        """Make room for ``n`` active entries (a no-op while decoding inside the budget)."""
+        self._k = _fit(self._k, self._n, n, ROUND_SLACK)
+        self._v = _fit(self._v, self._n, n, ROUND_SLACK)
+
+    def commit(self, q: int) -> None:
+        """The ``q`` entries after the active ones were just written (by ``update`` or a static step): count them
+        active and append them to the backing store."""
+        n = self._n
+        if self.keep_store:
+            self._store_append(self._k[:, :, n:n + q], self._v[:, :, n:n + q])
+        self._set_active(n + q)
+        self.length += q
+
+    def _set_active(self, n: int) -> None:
+        self._n = n
+        self.keys, self.values = self._k[:, :, :n], self._v[:, :, :n]
+
+    @property
+    def capacity(self) -> int:
+        """Active slots allocated (the static step attends over all of them, masking the unfilled ones)."""
+        return 0 if self._k is None else self._k.shape[2]
 
     @property
     def store_k(self) -> torch.Tensor | None:
@@ -131,13 +181,12 @@ class RiftLayer(CacheLayerMixin):
         if n > self.n_tail:
             raise RuntimeError(f"cannot roll back {n} tokens: only {self.n_tail} recent tokens are in the tail "
                                "(compact() must run only after a round's rollback)")
-        self.keys, self.values = self.keys[:, :, :-n], self.values[:, :, :-n]
+        self._set_active(self._n - n)
         if self.keep_store:
             self.store_len -= n
         self.length -= n
-        if self.queries is not None:
-            keep = self.query_pos < self.length
-            self.queries, self.query_pos = self.queries[:, :, keep], self.query_pos[keep]
+        if self._nq:  # queries are recorded in position order: the dropped tokens' are the newest
+            self._set_queries(self._nq - int((self.query_pos >= self.length).sum()))
 
     def reset(self) -> None:
         self.__init__(self.keep_store, self.store_device, self.obs_window, self.query_capacity - self.obs_window)
@@ -145,11 +194,11 @@ class RiftLayer(CacheLayerMixin):
     # --- RIFT ------------------------------------------------------------------------------------------------------
     @property
     def n_active(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[-2]
+        return self._n
 
     @property
     def n_tail(self) -> int:
-        return self.n_active - self.n_imp
+        return self._n - self.n_imp
 
     def active_positions(self) -> torch.Tensor:
         """(b, kv_heads, n_active) absolute positions of the active entries."""
@@ -185,33 +234,50 @@ class RiftLayer(CacheLayerMixin):
         if positions is None:  # called after update(): the queries are the newest tokens
             positions = torch.arange(self.length - q, self.length, device=query.device)
         pos = positions.reshape(-1)[-q:].to(query.device)
-        if q >= self.query_capacity:
-            self.queries, self.query_pos = query[:, :, -self.query_capacity:].detach(), pos[-self.query_capacity:]
-        elif self.queries is None:
-            self.queries, self.query_pos = query.detach(), pos
-        else:  # trimmed in evict_tail(), after the round's rollback, so a rollback leaves no trace here either
-            self.queries = torch.cat([self.queries, query.detach()], dim=2)
-            self.query_pos = torch.cat([self.query_pos, pos])
+        if q >= self.query_capacity:  # a prefill: only the newest query_capacity can ever be read
+            query, pos, q, self._nq = query[:, :, -self.query_capacity:], pos[-self.query_capacity:], \
+                self.query_capacity, 0
+        if self._q is None:
+            self._q = query.new_empty(*query.shape[:2], self.query_capacity + ROUND_SLACK, query.shape[-1])
+            self._qpos = pos.new_empty(self.query_capacity + ROUND_SLACK)
+        # Trimmed in evict_tail(), after the round's rollback, so a rollback leaves no trace here either.
+        n = self._nq
+        self._q = _fit(self._q, n, n + q, ROUND_SLACK)
+        if self._qpos.shape[0] < self._q.shape[2]:
+            grown = self._qpos.new_empty(self._q.shape[2])
+            grown[:n] = self._qpos[:n]
+            self._qpos = grown
+        self._q[:, :, n:n + q] = query.detach()
+        self._qpos[n:n + q] = pos
+        self._set_queries(n + q)
+
+    def _set_queries(self, n: int) -> None:
+        self._nq = n
+        self.queries, self.query_pos = self._q[:, :, :n], self._qpos[:n]
 
     def evict_tail(self, keep: int | None) -> None:
         """Drop the oldest tail entries so at most ``keep`` remain (they stay in the backing store), and the oldest
         observation queries beyond capacity. Runs after a round's rollback, never before."""
-        if self.queries is not None:
-            self.queries = self.queries[:, :, -self.query_capacity:]
-            self.query_pos = self.query_pos[-self.query_capacity:]
+        extra = self._nq - self.query_capacity
+        if extra > 0:
+            _shift(self._q, 0, extra, self._nq)
+            self._qpos[:self.query_capacity] = self._qpos[extra:self._nq].clone()
+            self._set_queries(self.query_capacity)
         drop = 0 if keep is None else self.n_tail - keep
         if drop > 0:
-            i = self.n_imp
-            self.keys = torch.cat([self.keys[:, :, :i], self.keys[:, :, i + drop:]], dim=-2)
-            self.values = torch.cat([self.values[:, :, :i], self.values[:, :, i + drop:]], dim=-2)
+            for buf in (self._k, self._v):
+                _shift(buf, self.n_imp, drop, self._n)
+            self._set_active(self._n - drop)
 
     def observation(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The last ``obs_window`` recorded queries (b, q_heads, w, d) and their positions (w,), or (None, None)."""
         return observation_window(self.queries, self.query_pos, self.obs_window)
 
-    def reselect(self, scorer, n_imp: int, tail_keep: int, history_k, history_v) -> None:
+    def reselect(self, scorer, n_imp: int, tail_keep: int, history_k, history_v, capacity: int | None = None) -> None:
         """Rebuild ``[importance | tail]`` from the full history: the last ``tail_keep`` tokens form the tail; the
-        best ``n_imp`` of the earlier positions (per KV head) form the importance part."""
+        best ``n_imp`` of the earlier positions (per KV head) form the importance part. ``capacity``: the active
+        buffers' size from now on (a fixed budget's: the same at every refresh and context length, so a compiled
+        step keeps its one graph); by default what the selection needs plus ``ROUND_SLACK``."""
         L = self.length
         # A history shorter than the budget: the importance part takes the oldest positions (the window policy's
         # sinks among them) rather than leaving them in the tail, from which they would later be evicted.
@@ -219,10 +285,21 @@ class RiftLayer(CacheLayerMixin):
         pos = select_importance(scorer, history_k, L, n_imp, tail_keep, *self.observation())
         imp_k = gather_positions(history_k, pos).to(self.device, self.dtype)
         imp_v = gather_positions(history_v, pos).to(self.device, self.dtype)
-        tail_k = history_k[:, :, L - tail_keep:L].to(self.device, self.dtype)
-        tail_v = history_v[:, :, L - tail_keep:L].to(self.device, self.dtype)
-        self.keys, self.values = torch.cat([imp_k, tail_k], dim=-2), torch.cat([imp_v, tail_v], dim=-2)
-        self.imp_pos, self.n_imp = pos.to(self.device), pos.shape[-1]
+        # The tail may be a view of the active buffers themselves (compress() scores the prefilled entries): copied
+        # out before the buffers are rewritten.
+        tail_k = history_k[:, :, L - tail_keep:L].to(self.device, self.dtype, copy=True)
+        tail_v = history_v[:, :, L - tail_keep:L].to(self.device, self.dtype, copy=True)
+        n, m = imp_k.shape[2], imp_k.shape[2] + tail_keep
+        want = max(capacity or 0, m + ROUND_SLACK)
+        if self.capacity > 2 * want or (capacity and self.capacity != want):  # e.g. prompt-sized after a prefill
+            self._k = self._k.new_zeros(*self._k.shape[:2], want, self._k.shape[-1])
+            self._v = self._v.new_zeros(*self._v.shape[:2], want, self._v.shape[-1])
+            self._n = 0
+        self.reserve(m)
+        for buf, imp, tail in ((self._k, imp_k, tail_k), (self._v, imp_v, tail_v)):
+            buf[:, :, :n], buf[:, :, n:m] = imp, tail
+        self._set_active(m)
+        self.imp_pos, self.n_imp = pos.to(self.device), n
 
     def load(self, src) -> None:
         """Take the keys and values of a prefilled full-attention layer (which stores every token)."""
@@ -329,7 +406,7 @@ class RiftCache(Cache):
         lay = self.layout
         if lay.compress:
             for layer in self.rift_layers:
-                layer.reselect(self.scorer, lay.n_imp, lay.tail_keep, layer.keys, layer.values)
+                layer.reselect(self.scorer, lay.n_imp, lay.tail_keep, layer.keys, layer.values, self._capacity())
         self._trim_sliding()
         self._remember_queries()
 
@@ -340,8 +417,14 @@ class RiftCache(Cache):
             raise RuntimeError(f"a {self.layout.describe()} cache without a backing store cannot refresh: use a "
                                "rift layout with store=True (policies rift-dyn / rift-ada)")
         for layer in self.rift_layers:
-            layer.reselect(self.scorer, self.layout.n_imp, layer.n_tail, layer.store_k, layer.store_v)
+            layer.reselect(self.scorer, self.layout.n_imp, layer.n_tail, layer.store_k, layer.store_v,
+                           self._capacity())
         self._remember_queries()
+
+    def _capacity(self) -> int | None:
+        """Active slots per RIFT layer under a fixed budget: importance + window + one round in flight."""
+        lay = self.layout
+        return None if lay.tail_limit is None else lay.n_imp + lay.tail_limit + ROUND_SLACK
 
     def checkpoint(self) -> None:
         """Copy the linear-attention states after a forward that a rollback may return to (a no-op without such

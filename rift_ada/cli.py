@@ -149,6 +149,9 @@ def _snapkv_options(args, scorer: str) -> tuple:
     return ()
 
 
+DRAFT_STEPS = ("model", "static", "compiled")
+
+
 def add_decoding_options(parser: argparse.ArgumentParser, max_new_tokens: int = 256) -> None:
     g = parser.add_argument_group("decoding")
     g.add_argument("--draft-length", type=int, default=11, help="draft tokens per round (k)")
@@ -156,6 +159,12 @@ def add_decoding_options(parser: argparse.ArgumentParser, max_new_tokens: int = 
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=_top_k, default=0, help="sample from the k most likely tokens (0 = off)")
     g.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="(default: %(default)s)")
+    g.add_argument("--draft-step", choices=DRAFT_STEPS, default="model",
+                   help="how the draft drafts on a RIFT cache: its own forward (model), the static-shape step over "
+                        "the fixed active buffers (static, rift_ada.static), or that step compiled (compiled)")
+    g.add_argument("--compile", dest="draft_step", action="store_const", const="compiled",
+                   help="= --draft-step compiled (torch.compile; a CUDA graph on GPU); compile time is not decode "
+                        "time: the first steps compile")
 
 
 def _top_k(text: str) -> int:
@@ -170,7 +179,7 @@ def decoding_from_args(args, **overrides):
     from .speculative import Decoding
 
     opts = dict(draft_length=args.draft_length, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                top_k=getattr(args, "top_k", 0))
+                top_k=getattr(args, "top_k", 0), draft_step=getattr(args, "draft_step", "model"))
     return Decoding(**{**opts, **overrides})
 
 

@@ -67,6 +67,7 @@ class Decoding:
     top_p: float = 1.0
     seed: int = 0
     top_k: int = 0  # 0 = off
+    draft_step: str = "model"  # the draft's own forward, or rift_ada.static's step ("static", "compiled")
 
 
 @dataclass
@@ -113,7 +114,7 @@ class SpeculativeDecoder:
 
     def __init__(self, target, draft=None, layout: CacheLayout | None = None, draft_length: int = 11,
                  temperature: float = 0.0, top_p: float = 1.0, eos_token_id: int | None = None, seed: int = 0,
-                 store_device: str | None = None, top_k: int = 0):
+                 store_device: str | None = None, top_k: int = 0, draft_step: str = "model"):
         if not isinstance(draft_length, int) or draft_length < 1:
             raise ValueError(f"draft length k must be an integer >= 1, got {draft_length!r}")
         if temperature < 0:
@@ -135,6 +136,15 @@ class SpeculativeDecoder:
         self.store_device = store_device
         self.device = self.target.device
         check_observable(self.draft)  # switches it to its observing attention; one one-token forward
+        if draft_step not in ("model", "static", "compiled"):
+            raise ValueError(f"draft_step must be 'model', 'static' or 'compiled', got {draft_step!r}")
+        self.draft_step = draft_step
+        self._static = None
+        if draft_step != "model":
+            from .static import StaticDraftStep, check_static
+
+            check_static(self.draft, None)
+            self._static = StaticDraftStep(self.draft, compile=draft_step == "compiled")
         self.done = True
 
     # --- set-up ----------------------------------------------------------------------------------------------------
@@ -173,6 +183,16 @@ class SpeculativeDecoder:
         self.tcache.activate_past_recording()
         self.tcache.crop(0)
         self.dcache.compress()
+        if self._static is not None:
+            from .static import check_static
+
+            check_static(self.draft, self.dcache)
+            if self.layout.tail_limit is None:
+                # A cache that grows with the context (full, snapkv): room for the whole generation now, so its
+                # shape holds for this prompt (a compiled step compiles once per prompt length; a RIFT budget's
+                # shape is the same at every length).
+                for layer in self.dcache.rift_layers:
+                    layer.reserve(self.prompt_len + max_new_tokens + self.k + 1)
         first = self._sample(self._probs(logits[0, -1]), logits[0, -1])
         self._sync()
         self.result = DecodeResult(self.prompt_len, [first], prefill_seconds=time.perf_counter() - t0)
@@ -232,14 +252,19 @@ class SpeculativeDecoder:
         ``draft`` replaces the pair's draft (e.g. one with a LoRA adapter)."""
         return cls(pair.target, pair.draft if draft is None else draft, layout, decoding.draft_length,
                    temperature=decoding.temperature, top_p=decoding.top_p, top_k=decoding.top_k,
-                   eos_token_id=pair.tokenizer.eos_token_id, seed=decoding.seed, store_device=store_device)
+                   eos_token_id=pair.tokenizer.eos_token_id, seed=decoding.seed, store_device=store_device,
+                   draft_step=decoding.draft_step)
 
     # --- a round's bookkeeping ---------------------------------------------------------------------------------------
     def _draft(self, k: int) -> tuple[list[int], list, list[float]]:
         drafts, q_probs, entropies = [], [], []
         feed = self._d_pending
         for i in range(k):
-            logits = self._forward(self.draft, self.dcache, feed, observe=True)
+            if self._static is not None:  # one token per step: one shape, so one compiled graph
+                for token in feed:
+                    logits = self._static(self.dcache, token, self.dcache.length)
+            else:
+                logits = self._forward(self.draft, self.dcache, feed, observe=True)
             if i < k - 1:  # a hybrid draft's states after this token, should the round keep no more (no-op else)
                 self.dcache.checkpoint()
             q = self._probs(logits)

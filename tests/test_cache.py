@@ -340,13 +340,11 @@ def test_read_ahead_finds_the_sharpest_read_and_the_run_after_it():
     d, length = 8, 110
     imp = torch.tensor([list(range(10, 20)) + list(range(40, 45)), list(range(10, 20)) + list(range(95, 100))])
     layer = RiftLayer(True, None, obs_window=4)
-    layer.n_imp, layer.length = 15, length
-    layer.imp_pos = imp[None]
     tail = torch.zeros(1, 2, 10, d)
     g = torch.Generator().manual_seed(0)
     imp_keys = torch.randn(1, 2, 15, d, generator=g)
-    layer.keys = torch.cat([imp_keys, tail], dim=2)
-    layer.values = torch.zeros_like(layer.keys)
+    layer.update(torch.cat([imp_keys, tail], dim=2), torch.zeros(1, 2, 25, d))
+    layer.n_imp, layer.length, layer.imp_pos = 15, length, imp[None]
 
     def query(head, entry):  # a query that picks importance entry `entry` of KV head `head` (50x its key)
         q = torch.zeros(1, 2, 1, d)

@@ -11,7 +11,7 @@ import pytest
 def test_gpu_check_tiny_runs_and_reports_consistent_figures(tmp_path, monkeypatch):
     out = tmp_path / "gpu.json"
     argv = ["gpu_check.py", "--tiny", "--skip-testbed", "--lengths", "200", "--budget", "96", "--period", "4", "--max-new-tokens",
-            "10", "--output", str(out)]
+            "10", "--compile", "--output", str(out)]
     monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit) as done:
         runpy.run_path("experiments/gpu_check.py", run_name="__main__")
@@ -25,8 +25,10 @@ def test_gpu_check_tiny_runs_and_reports_consistent_figures(tmp_path, monkeypatc
         assert sum(r["round_split"].values()) == pytest.approx(1.0)
         assert min(r["round_split"].values()) >= 0
     # float32 on CPU, peaked logits: every loop reproduces the target's greedy output.
-    for r in (full, stat, dyn, row["hf_assisted"], row["hf_assisted_default"]):
+    for r in (full, stat, dyn, row["rift-dyn-compiled"], row["hf_assisted"], row["hf_assisted_default"]):
         assert r["shared_prefix_with_greedy"] == 10
+    # --compile: one graph, compiled in the warm-up, none during the timed run.
+    assert row["warmup_graphs"] == 1 and row["recompiles"] == 0 and row["compile_s"] > 0
     assert row["bare_draft_forward_ms"] > 0 and row["bare_verify_forward_ms"] > 0
 
 

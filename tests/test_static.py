@@ -1,0 +1,136 @@
+"""The static-shape draft step (``rift_ada.static``): it computes what the draft's own forward computes and leaves the
+cache as that forward does; compiled, one graph serves every context length and refresh; every step has the same
+shapes and the same buffer addresses (what a CUDA graph replays); sampling through it keeps the target's
+distribution; drafts it cannot run are refused in one line."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from rift_ada.architectures import UnsupportedModelError, family
+from rift_ada.data import build_tasks, encode
+from rift_ada.evaluate import decode
+from rift_ada.layout import CacheLayout
+from rift_ada.models import greedy_reference
+from rift_ada.policies import make_policy
+from rift_ada.refresh import PeriodicController
+from rift_ada.speculative import Decoding, SpeculativeDecoder
+from tests.conftest import cached_testbed_pair, random_model
+from tests.test_sampling import check_rift_dyn_sampling
+
+PROMPT, BUDGET = 80, 24
+
+
+@functools.lru_cache(maxsize=None)
+def model(key):
+    return family(key).model(seed=0, window=16)
+
+
+def prompt(n: int = PROMPT, seed: int = 0) -> list[int]:
+    return torch.randint(1, 128, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def layout():
+    return make_policy("rift-dyn", BUDGET, period=8, obs_window=8).layout
+
+
+@pytest.mark.parametrize("key", ["llama", "qwen3", "mistral"])
+def test_static_step_computes_the_drafts_own_forward(key):
+    """Token by token over 40 steps, with a rollback and a refresh every 5: the static step's logits equal the
+    model's forward over the same RIFT cache to 1e-5, and both caches hold the same entries, positions and
+    observation queries (Qwen3: its per-head q/k norms; Mistral and Llama: grouped-query attention)."""
+    m = model(key)
+    ours, theirs = (SpeculativeDecoder(m, None, layout(), draft_length=4, draft_step=s) for s in ("static", "model"))
+    ids = prompt()
+    for dec in (ours, theirs):
+        dec.reset(ids, 64)
+    token = ids[-1]
+    for i in range(40):
+        a = ours._static(ours.dcache, token, ours.dcache.length)
+        with torch.inference_mode():
+            b = theirs._forward(theirs.draft, theirs.dcache, [token], observe=True)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        token = int(b.argmax())
+        if i % 5 == 4:
+            with torch.inference_mode():
+                for dec in (ours, theirs):
+                    dec.dcache.rollback(1)
+                    dec.dcache.refresh()
+        for x, y in zip(ours.dcache.rift_layers, theirs.dcache.rift_layers):
+            assert x.length == y.length and x.n_active == y.n_active and torch.equal(x.imp_pos, y.imp_pos)
+            for name in ("keys", "values", "queries", "store_k", "store_v"):
+                torch.testing.assert_close(getattr(x, name), getattr(y, name), atol=1e-5, rtol=1e-5)
+            assert torch.equal(x.query_pos, y.query_pos)
+
+
+def test_every_step_has_the_same_shapes_and_addresses():
+    """What CUDA-graph replay needs, checked on CPU: over two prompts of different lengths, with refreshes and
+    rejections, every step's inputs have the same shapes and dtypes, and within a prompt the cache buffers it
+    writes keep their addresses (a refresh rewrites them in place)."""
+    m = random_model("llama", vocab=128, layers=2, hidden=64, heads=4, kv_heads=2, init=0.2)
+    draft = random_model("llama", vocab=128, layers=2, hidden=64, heads=4, kv_heads=2, seed=3, init=0.2)
+    dec = SpeculativeDecoder(m, draft, layout(), draft_length=4, draft_step="static")
+    shapes, addresses, inputs = set(), [], dec._static.inputs
+
+    def recording(cache, token, position):
+        out = inputs(cache, token, position)
+        flat = list(out[:4]) + out[4] + out[5]
+        shapes.add(tuple((tuple(t.shape), t.dtype) for t in flat))
+        addresses[-1].add(tuple(t.data_ptr() for t in out[4] + out[5]))
+        return out
+
+    dec._static.inputs = recording
+    refreshes, rejected = 0, 0
+    for n in (PROMPT, 2 * PROMPT):
+        addresses.append(set())
+        out = decode(dec, prompt(n, seed=n), 60, PeriodicController(3))
+        refreshes += out.refreshes
+        rejected += sum(r.accepted < r.draft_length for r in out.rounds)
+        assert out.tokens == greedy_reference(m, prompt(n, seed=n), 60)
+    assert refreshes >= 8 and rejected >= 3, "the runs refresh and reject"
+    assert len(shapes) == 1, shapes
+    assert all(len(a) == 1 for a in addresses), "a step wrote to a reallocated buffer"
+
+
+@pytest.mark.slow
+def test_compiled_rift_dyn_is_lossless_with_one_graph_at_every_length():
+    """The shipped pair, rift-dyn (budget 256, a refresh once 8 tokens passed) drafting through the compiled step: greedy
+    output equals the target's own greedy ``generate`` at two prompt lengths, and dynamo compiles exactly one graph
+    (fullgraph: a graph break would raise)."""
+    pair = cached_testbed_pair("testbed")
+    torch._dynamo.reset()
+    graphs = counters["stats"]["unique_graphs"]
+    dec = SpeculativeDecoder.for_pair(pair, CacheLayout("rift", 256), Decoding(11, draft_step="compiled"))
+    eos = pair.tokenizer.eos_token_id
+    for n in (600, 1100):
+        ids = encode(pair.tokenizer, build_tasks(pair.tokenizer, "low", n=1, input_tokens=n, seed=1)[0].prompt)
+        out = decode(dec, ids, 64, PeriodicController(8))
+        assert out.refreshes >= 3
+        assert out.tokens == greedy_reference(pair.target, ids, 64, eos)
+    assert counters["stats"]["unique_graphs"] - graphs == 1
+
+
+@pytest.mark.slow
+def test_compiled_step_samples_the_targets_distribution():
+    """The sampling check of tests/test_sampling.py (chi-square at alpha 1e-3 over 2,000 sampled 4-token
+    sequences, rift-dyn refreshed before every round) with the draft drafting through the compiled step."""
+    from tests.test_sampling import models
+
+    target, draft, _ = models()
+    check_rift_dyn_sampling(target, draft, draft_step="compiled")
+
+
+def test_what_the_static_step_cannot_run_is_refused_in_one_line():
+    with pytest.raises(UnsupportedModelError, match="static .* draft step runs llama") as e:
+        SpeculativeDecoder(model("gemma3"), None, layout(), draft_step="compiled")
+    assert "\n" not in str(e.value)
+    dec = SpeculativeDecoder(model("mistral-swa"), None, layout(), draft_step="static")
+    with pytest.raises(UnsupportedModelError, match="full attention") as e:
+        dec.reset(prompt(), 8)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="draft_step must be"):
+        SpeculativeDecoder(model("llama"), None, layout(), draft_step="fast")

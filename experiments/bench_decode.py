@@ -167,12 +167,17 @@ def bench_length(pair, length: int, prompts: list, args) -> dict:
     if args.compile:
         compiled = compiled_rows(pair, prompts, args, plain)
         row["tokens_per_s"].update(compiled.pop("tokens_per_s"))
-        row["draft_ms_per_step"]["compiled"] = compiled.pop("draft_ms_per_step")
+        row["draft_ms_per_step"].update(compiled.pop("draft_ms_per_step"))
         row["same_output"].update(compiled.pop("same_output"))
         row.update(compiled)
     row["generate_vs_loop"] = row["tokens_per_second"]["rift_ada_dyn_generate"] / row["tokens_per_second"][
         "rift_ada_dyn_loop"]
     return row
+
+
+def verify_ms(results: list) -> float:
+    rounds = [r for x in results for r in x.rounds]
+    return 1000 * sum(r.verify_seconds for r in rounds) / max(len(rounds), 1)
 
 
 def draft_step_ms(results: list) -> float:
@@ -181,7 +186,7 @@ def draft_step_ms(results: list) -> float:
     return 1000 * sum(r.draft_seconds for r in rounds) / max(sum(r.draft_length for r in rounds), 1)
 
 
-def decode_rift_dyn(pair, args, draft_step: str, ids: list[int], layout=None, max_new_tokens: int | None = None):
+def decode_rift_dyn(pair, args, step: str, ids: list[int], layout=None, max_new_tokens: int | None = None):
     from rift_ada.evaluate import decode
     from rift_ada.layout import CacheLayout
     from rift_ada.refresh import PeriodicController
@@ -189,16 +194,17 @@ def decode_rift_dyn(pair, args, draft_step: str, ids: list[int], layout=None, ma
 
     rift = layout is None
     dec = SpeculativeDecoder.for_pair(pair, layout or CacheLayout("rift", args.budget),
-                                      Decoding(args.draft_length, draft_step=draft_step))
+                                      Decoding(args.draft_length, draft_step=step, verify_step=step))
     return decode(dec, ids, max_new_tokens or args.max_new_tokens, PeriodicController(args.period) if rift else None)
 
 
 def compiled_rows(pair, prompts: list, args, plain: list) -> dict:
-    """The compiled side: our loop drafting through the compiled static step (rift-dyn; the full cache, whose shape
-    is fixed for one prompt only), and plain greedy ``generate`` on HF's static cache with ``torch.compile``. Each
-    is warmed up first on the same shapes (compile time, reported as ``compile_s``, is never inside tokens/s);
-    ``recompiles`` counts the graphs dynamo compiled during the timed runs, ``warmup_graphs`` those each warm-up
-    compiled (rift-dyn's static shape: one graph at the first length, none after it)."""
+    """The static side: our loop with the draft step and the verify on static shapes (``rift_ada.static``), eager
+    (``rift_dyn_static``) and compiled (rift-dyn; the full draft cache, whose shape holds for one prompt only), and
+    plain greedy ``generate`` on HF's static cache with ``torch.compile``. Each compiled path is warmed up first on
+    the same shapes (compile time, ``compile_s``, is never inside tokens/s); ``warmup_graphs`` counts the graphs
+    each warm-up compiled (rift-dyn: its draft step's one graph at the first length only, and the verify's per
+    length, since the target's cache holds the prompt), ``recompiles`` those compiled during the timed runs."""
     from torch._dynamo.utils import counters
     from transformers import CompileConfig
 
@@ -217,16 +223,18 @@ def compiled_rows(pair, prompts: list, args, plain: list) -> dict:
 
     full = CacheLayout("full")
     runs = {"rift_dyn": lambda ids, n=None: decode_rift_dyn(pair, args, "compiled", ids, max_new_tokens=n),
-            "full": lambda ids, n=None: decode_rift_dyn(pair, args, "compiled", ids, full, n)}
+            "full": lambda ids, n=None: decode_rift_dyn(pair, args, "compiled", ids, full, n),
+            "rift_dyn_static": lambda ids, n=None: decode_rift_dyn(pair, args, "static", ids, max_new_tokens=n)}
     compile_s, warmup_graphs, tokens, seconds, results = {}, {}, {}, {}, {}
     graphs = lambda: counters["stats"]["unique_graphs"]  # noqa: E731
     timed_graphs = 0
     for label in runs:
-        # Warm-up on the first prompt: rift-dyn's shape does not depend on it; the full cache's does (its prompt's
-        # length and max_new_tokens), so it warms up on the generation it then times.
-        before = graphs()
-        _, compile_s[label] = timed(lambda: runs[label](prompts[0], None if label == "full" else 2 * args.draft_length))
-        warmup_graphs[label] = graphs() - before
+        # Warm-up on the first prompt and the generation's max_new_tokens: the target's static cache (and a full
+        # draft cache) is sized for them.
+        if not label.endswith("_static"):  # eager: nothing to compile
+            before = graphs()
+            _, compile_s[label] = timed(lambda: runs[label](prompts[0]))
+            warmup_graphs[label] = graphs() - before
         before = graphs()
         results[label] = [runs[label](ids) for ids in prompts]
         timed_graphs += graphs() - before
@@ -240,10 +248,13 @@ def compiled_rows(pair, prompts: list, args, plain: list) -> dict:
     _, t_one = timed(lambda: [greedy(ids, 1) for ids in prompts])
     timed_graphs += graphs() - before
     after_first = sum(len(t) for t in plain) - len(prompts)
+    name = lambda k: k if k.endswith("_static") else f"{k}_compiled"  # noqa: E731
     return {"tokens_per_s": {"greedy_compiled": after_first / max(t_all - t_one, 1e-9),
-                             **{f"{k}_compiled": after_first / seconds[k] for k in runs}},
-            "draft_ms_per_step": draft_step_ms(results["rift_dyn"]),
-            "same_output": {f"{k}_compiled": tokens[k] == plain for k in tokens},
+                             **{name(k): after_first / seconds[k] for k in runs}},
+            "draft_ms_per_step": {"compiled": draft_step_ms(results["rift_dyn"]),
+                                  "static": draft_step_ms(results["rift_dyn_static"])},
+            "verify_ms_per_round": {k: verify_ms(results[k]) for k in ("rift_dyn", "rift_dyn_static")},
+            "same_output": {name(k): tokens[k] == plain for k in tokens},
             "compile_s": compile_s, "warmup_graphs": warmup_graphs, "recompiles": timed_graphs}
 
 

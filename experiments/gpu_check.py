@@ -146,8 +146,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--peak-tb-s", type=float, default=4.8, help="device memory bandwidth, TB/s (H200: 4.8)")
     p.add_argument("--skip-testbed", action="store_true", help="skip the lossless check on the testbed pair")
     p.add_argument("--compile", action="store_true",
-                   help="also rift-dyn drafting through the compiled static step (rift_ada.static; a CUDA graph on "
-                        "GPU), after a warm-up that compiles it (compile_s, never inside the timed run)")
+                   help="also rift-dyn with the draft step and the verify compiled on static shapes (rift_ada.static; "
+                        "CUDA graphs on GPU), after a warm-up that compiles them (compile_s, never in the timed run)")
     p.add_argument("--output", default=None, help="also write the JSON here")
     add_runtime_options(p)
     args = p.parse_args(argv)
@@ -231,18 +231,19 @@ def main(argv=None) -> int:
 
 
 def compiled_rift_dyn(target, draft, prompt, plain, layout_controller, args, timer, peak, dw) -> dict:
-    """rift-dyn with the draft stepping through ``torch.compile`` of the static step: a warm-up of two rounds
-    compiles it (``compile_s``; graphs in ``warmup_graphs``: 0 after the first length, whose graph every length
-    shares), then the timed run (``recompiles``: graphs compiled during it)."""
+    """rift-dyn with the draft step and the verify compiled (``rift_ada.static``): a warm-up on the same prompt
+    compiles them (``compile_s``; ``warmup_graphs``: the draft step's graph at the first length only, the verify's at
+    each, as the target's static cache holds the prompt), then the timed run (``recompiles``: graphs compiled during
+    it)."""
     from torch._dynamo.utils import counters
 
     from rift_ada.speculative import SpeculativeDecoder
 
     layout, ctrl = layout_controller
-    dec = SpeculativeDecoder(target, draft, layout, args.draft_length, draft_step="compiled")
+    dec = SpeculativeDecoder(target, draft, layout, args.draft_length, draft_step="compiled", verify_step="compiled")
     graphs = lambda: counters["stats"]["unique_graphs"]  # noqa: E731
     before = graphs()
-    _, compile_s = timer(lambda: run_policy(dec, prompt, 2 * args.draft_length + 2, ctrl, peak, dw))
+    _, compile_s = timer(lambda: run_policy(dec, prompt, args.max_new_tokens, ctrl, peak, dw))
     warm, before = graphs() - before, graphs()
     tokens, row = run_policy(dec, prompt, args.max_new_tokens, ctrl, peak, dw)
     row["shared_prefix_with_greedy"] = shared_prefix(tokens, plain)

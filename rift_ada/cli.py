@@ -149,7 +149,7 @@ def _snapkv_options(args, scorer: str) -> tuple:
     return ()
 
 
-DRAFT_STEPS = ("model", "static", "compiled")
+STEPS = ("model", "static", "compiled")
 
 
 def add_decoding_options(parser: argparse.ArgumentParser, max_new_tokens: int = 256) -> None:
@@ -159,12 +159,15 @@ def add_decoding_options(parser: argparse.ArgumentParser, max_new_tokens: int = 
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=_top_k, default=0, help="sample from the k most likely tokens (0 = off)")
     g.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="(default: %(default)s)")
-    g.add_argument("--draft-step", choices=DRAFT_STEPS, default="model",
-                   help="how the draft drafts on a RIFT cache: its own forward (model), the static-shape step over "
-                        "the fixed active buffers (static, rift_ada.static), or that step compiled (compiled)")
-    g.add_argument("--compile", dest="draft_step", action="store_const", const="compiled",
-                   help="= --draft-step compiled (torch.compile; a CUDA graph on GPU); compile time is not decode "
-                        "time: the first steps compile")
+    g.add_argument("--draft-step", choices=STEPS, default=None,
+                   help="the draft's forward: its own (model, the default), the static-shape step over the RIFT "
+                        "cache's fixed buffers (static, rift_ada.static), or that step compiled (compiled)")
+    g.add_argument("--verify-step", choices=STEPS, default=None,
+                   help="the target's verify: its own forward on its own cache (model, the default), or a fixed "
+                        "k + 1 block on a static cache (static), compiled (compiled)")
+    g.add_argument("--compile", action="store_true",
+                   help="= --draft-step compiled --verify-step compiled (torch.compile; CUDA graphs on GPU). The "
+                        "first steps compile: their time is not decode speed")
 
 
 def _top_k(text: str) -> int:
@@ -174,12 +177,18 @@ def _top_k(text: str) -> int:
     return value
 
 
+def _step(args, name: str) -> str:
+    given = getattr(args, name, None)
+    return given or ("compiled" if getattr(args, "compile", False) else "model")
+
+
 def decoding_from_args(args, **overrides):
     """The :class:`~rift_ada.speculative.Decoding` the decoding options (and ``--seed``) describe."""
     from .speculative import Decoding
 
     opts = dict(draft_length=args.draft_length, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                top_k=getattr(args, "top_k", 0), draft_step=getattr(args, "draft_step", "model"))
+                top_k=getattr(args, "top_k", 0), draft_step=_step(args, "draft_step"),
+                verify_step=_step(args, "verify_step"))
     return Decoding(**{**opts, **overrides})
 
 

@@ -68,6 +68,7 @@ class Decoding:
     seed: int = 0
     top_k: int = 0  # 0 = off
     draft_step: str = "model"  # the draft's own forward, or rift_ada.static's step ("static", "compiled")
+    verify_step: str = "model"  # the target's verify: its own forward, or on rift_ada.static's StaticKV
 
 
 @dataclass
@@ -114,7 +115,8 @@ class SpeculativeDecoder:
 
     def __init__(self, target, draft=None, layout: CacheLayout | None = None, draft_length: int = 11,
                  temperature: float = 0.0, top_p: float = 1.0, eos_token_id: int | None = None, seed: int = 0,
-                 store_device: str | None = None, top_k: int = 0, draft_step: str = "model"):
+                 store_device: str | None = None, top_k: int = 0, draft_step: str = "model",
+                 verify_step: str = "model"):
         if not isinstance(draft_length, int) or draft_length < 1:
             raise ValueError(f"draft length k must be an integer >= 1, got {draft_length!r}")
         if temperature < 0:
@@ -136,15 +138,21 @@ class SpeculativeDecoder:
         self.store_device = store_device
         self.device = self.target.device
         check_observable(self.draft)  # switches it to its observing attention; one one-token forward
-        if draft_step not in ("model", "static", "compiled"):
-            raise ValueError(f"draft_step must be 'model', 'static' or 'compiled', got {draft_step!r}")
-        self.draft_step = draft_step
-        self._static = None
+        for name, value in (("draft_step", draft_step), ("verify_step", verify_step)):
+            if value not in ("model", "static", "compiled"):
+                raise ValueError(f"{name} must be 'model', 'static' or 'compiled', got {value!r}")
+        self.draft_step, self.verify_step = draft_step, verify_step
+        self._static = self._static_verify = None
         if draft_step != "model":
             from .static import StaticDraftStep, check_static
 
-            check_static(self.draft, None)
+            check_static(self.draft)
             self._static = StaticDraftStep(self.draft, compile=draft_step == "compiled")
+        if verify_step != "model":
+            from .static import StaticVerify, check_static
+
+            check_static(self.target, role="target")
+            self._static_verify = StaticVerify(self.target, self.k + 1, compile=verify_step == "compiled")
         self.done = True
 
     # --- set-up ----------------------------------------------------------------------------------------------------
@@ -193,6 +201,12 @@ class SpeculativeDecoder:
                 # shape is the same at every length).
                 for layer in self.dcache.rift_layers:
                     layer.reserve(self.prompt_len + max_new_tokens + self.k + 1)
+        if self._static_verify is not None:
+            from .static import StaticKV
+
+            # Room for every round: the last may start at prompt + max_new_tokens - 1 and writes a whole block.
+            self.tcache = StaticKV(self.tcache, self.prompt_len + max_new_tokens + self.k + 1)
+            self._t_states = TargetStates(self.tcache)
         first = self._sample(self._probs(logits[0, -1]), logits[0, -1])
         self._sync()
         self.result = DecodeResult(self.prompt_len, [first], prefill_seconds=time.perf_counter() - t0)
@@ -217,7 +231,10 @@ class SpeculativeDecoder:
         clock.lap("draft")
         if self._t_states:
             self._t_states.take()  # a hybrid target's states before the verify forward
-        t_logits = self._forward(self.target, self.tcache, self._t_pending + drafts, all_logits=True)
+        if self._static_verify is not None:
+            t_logits = self._static_verify(self.tcache, self._t_pending + drafts)
+        else:
+            t_logits = self._forward(self.target, self.tcache, self._t_pending + drafts, all_logits=True)
         n, nxt = self._accept(drafts, q_probs, t_logits)
         clock.lap("verify")
         replayed = self._roll_back(k, n, drafts, nxt)
@@ -253,7 +270,7 @@ class SpeculativeDecoder:
         return cls(pair.target, pair.draft if draft is None else draft, layout, decoding.draft_length,
                    temperature=decoding.temperature, top_p=decoding.top_p, top_k=decoding.top_k,
                    eos_token_id=pair.tokenizer.eos_token_id, seed=decoding.seed, store_device=store_device,
-                   draft_step=decoding.draft_step)
+                   draft_step=decoding.draft_step, verify_step=decoding.verify_step)
 
     # --- a round's bookkeeping ---------------------------------------------------------------------------------------
     def _draft(self, k: int) -> tuple[list[int], list, list[float]]:

@@ -33,24 +33,26 @@ def _inner(model):
     return base.model, base.lm_head
 
 
-def check_static(model, cache) -> None:
-    """Refuse, in one line, a draft or cache the static step cannot run."""
-    cfg = model.config
+def check_static(model, cache=None, role: str = "draft") -> None:
+    """Refuse, in one line, a model (``role``: draft or target) or draft cache the static step cannot run."""
+    from .architectures import layer_kinds
+
+    cfg, what = model.config, f"the static (compiled) {role} step"
+    off = "--draft-step model" if role == "draft" else "--verify-step model"
     if cfg.model_type not in SUPPORTED:
-        raise UnsupportedModelError(f"the static (compiled) draft step runs {', '.join(SUPPORTED)} drafts; "
-                                    f"{cfg.model_type} drafts through its own forward (leave --compile off)")
-    if cache is not None and len(cache.rift_layers) != len(cache.layers):
-        raise UnsupportedModelError("the static (compiled) draft step needs every draft layer to be full attention "
-                                    "(this draft has sliding-window or recurrent layers: leave --compile off)")
-    if model.config._attn_implementation not in ("rift_sdpa", "sdpa"):
-        raise UnsupportedModelError(f"the static (compiled) draft step computes SDPA attention; the draft runs "
-                                    f"{model.config._attn_implementation}")
+        raise UnsupportedModelError(f"{what} runs {', '.join(SUPPORTED)} models; {cfg.model_type} runs its own "
+                                    f"forward ({off})")
+    kinds = {k.kind for k in layer_kinds(cfg)}
+    if kinds != {"full"} or (cache is not None and len(cache.rift_layers) != len(cache.layers)):
+        raise UnsupportedModelError(f"{what} needs every layer to be full attention (this {role} has sliding-window "
+                                    f"or recurrent layers: {off})")
+    if cfg._attn_implementation not in ("rift_sdpa", "sdpa"):
+        raise UnsupportedModelError(f"{what} computes SDPA attention; the {role} runs {cfg._attn_implementation}")
 
 
-class StaticDraftStep:
-    """``step(cache, token, position) -> logits (vocab,)``: one draft token over a :class:`RiftCache`, its cache
-    updated as the model's own forward with ``rift_observer=cache`` would leave it. ``compile=True`` compiles the
-    tensor part (``fullgraph``: a graph break is an error, not a silent slowdown)."""
+class _StaticForward:
+    """The model's forward as plain tensor code over caller-owned KV buffers; ``compile=True`` compiles it
+    (``fullgraph``: a graph break is an error, not a silent slowdown)."""
 
     def __init__(self, model, compile: bool = False):
         self.model = model
@@ -58,6 +60,10 @@ class StaticDraftStep:
         self.compiled = compile
         fn = self._forward
         if compile:
+            # One graph per (model, cache shape) by design: each draft, and each prompt length of a cache that holds
+            # the prompt (the verify's, a full draft's). Dynamo's default of 8 per code object would silently fall
+            # back to eager in a bench over several lengths.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             mode = "reduce-overhead" if model.device.type == "cuda" else None
             fn = torch.compile(fn, fullgraph=True, dynamic=False, mode=mode)
         self.fn = fn
@@ -82,7 +88,12 @@ class StaticDraftStep:
             h = h + attn.o_proj(o.transpose(1, 2).reshape(*x.shape[:-1], -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
             queries.append(q)
-        return self.lm_head(inner.norm(h))[0, -1], queries
+        return self.lm_head(inner.norm(h))[0], queries
+
+
+class StaticDraftStep(_StaticForward):
+    """``step(cache, token, position) -> logits (vocab,)``: one draft token over a :class:`RiftCache`, its cache
+    updated as the model's own forward with ``rift_observer=cache`` would leave it."""
 
     def inputs(self, cache, token: int, position: int):
         """The step's tensors: the same shapes at every step (what the compiled graph is specialised on)."""
@@ -104,4 +115,53 @@ class StaticDraftStep:
         for layer, q in zip(cache.rift_layers, queries):
             layer.commit(1)
             layer.observe(q, pos[0])
-        return logits
+        return logits[-1]
+
+
+class StaticKV:
+    """The target's KV cache in fixed buffers (b, kv_heads, capacity, d) per layer, for the static verify: slot =
+    position. ``crop(-n)`` only moves ``length`` back (entries past it are invisible under the causal mask and
+    rewritten before any query can see them). Built from the prefilled cache, sized for the whole generation."""
+
+    layers: list = []  # no linear-attention states (rift_ada.recurrent.TargetStates finds none)
+
+    def __init__(self, cache, capacity: int):
+        self.length = cache.get_seq_length()
+        self.keys, self.values = [], []
+        for layer in cache.layers:
+            k, v = layer.keys, layer.values
+            self.keys.append(k.new_zeros(*k.shape[:2], capacity, k.shape[-1]))
+            self.values.append(v.new_zeros(*v.shape[:2], capacity, v.shape[-1]))
+            self.keys[-1][:, :, :self.length], self.values[-1][:, :, :self.length] = k, v
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.length += min(tokens_to_remove, 0)
+
+
+class StaticVerify(_StaticForward):
+    """``verify(cache, tokens) -> logits (len(tokens), vocab)``: the target's verify forward over a
+    :class:`StaticKV` as a fixed block of ``block`` tokens (a shorter round is padded; the padding's logits are
+    dropped and its entries lie past ``length``), so it too has one shape per cache capacity."""
+
+    def __init__(self, model, block: int, compile: bool = False):
+        super().__init__(model, compile)
+        self.block = block
+
+    def inputs(self, cache: StaticKV, tokens: list[int]):
+        device = cache.keys[0].device
+        ids = torch.zeros(1, self.block, dtype=torch.long, device=device)
+        ids[0, :len(tokens)] = torch.tensor(tokens, device=device)
+        pos = torch.arange(cache.length, cache.length + self.block, device=device)
+        mask = torch.arange(cache.keys[0].shape[2], device=device)[None] <= pos[:, None]
+        return ids, pos[None], pos, mask[None, None], cache.keys, cache.values
+
+    @torch.inference_mode()
+    def __call__(self, cache: StaticKV, tokens: list[int]) -> torch.Tensor:
+        if len(tokens) > self.block:
+            raise ValueError(f"a verify block holds {self.block} tokens, got {len(tokens)}")
+        logits, _ = self.fn(*self.inputs(cache, tokens))
+        cache.length += len(tokens)
+        return logits[:len(tokens)]

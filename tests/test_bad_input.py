@@ -183,6 +183,7 @@ def test_apply_runtime_checks_and_applies():
     (["--threads", "0"], "--threads must be >= 1"),
     (["--threads", "two"], "invalid int value"),  # argparse's own errors: one line too
     (["--top-k", "-1", "--temperature", "1"], "--top-k: must be an integer >= 0"),
+    (["--draft-step", "fast"], "--draft-step: invalid choice: 'fast'"),
     pytest.param(["--device", "cuda"], "CUDA is not available",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")),
 ])

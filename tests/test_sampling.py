@@ -128,14 +128,15 @@ def sample_sequences(dec: SpeculativeDecoder, prompt: list[int], n: int, control
     return counts
 
 
-def check_rift_dyn_sampling(target, draft, draft_step: str = "model") -> tuple[SpeculativeDecoder, list[int]]:
+def check_rift_dyn_sampling(target, draft, step: str = "model") -> tuple[SpeculativeDecoder, list[int]]:
     """For other model families (tests/test_architectures.py, tests/test_hybrid.py): a random 24-token prompt, rift-dyn
     budget 12 refreshed before every round, k = 2, temperature 1; the 4-token sequences sampled by speculative
     decoding must follow the target's own distribution (chi-square at alpha 1e-3). Returns the decoder and prompt."""
     prompt = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(1)).tolist()
     dist, _ = sequence_distribution(target, prompt, NEW_TOKENS, 1.0, 1.0)
     pol = make_policy("rift-dyn", budget=12, period=1, obs_window=8)
-    dec = SpeculativeDecoder(target, draft, pol.layout, draft_length=K, temperature=1.0, draft_step=draft_step)
+    dec = SpeculativeDecoder(target, draft, pol.layout, draft_length=K, temperature=1.0, draft_step=step,
+                             verify_step=step)
     counts = sample_sequences(dec, prompt, SAMPLES, pol.controller)
     assert not {s for s in counts if dist.get(s, 0.0) == 0.0}
     stat, dof = chi_square(counts, dist, SAMPLES)

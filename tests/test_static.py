@@ -67,70 +67,103 @@ def test_static_step_computes_the_drafts_own_forward(key):
             assert torch.equal(x.query_pos, y.query_pos)
 
 
+@pytest.mark.parametrize("key", ["llama", "qwen3", "mistral"])
+def test_static_verify_computes_the_targets_own_forward(key):
+    """Blocks of 5 and of 3 (padded to 5) tokens on the static cache, each followed by a crop of 2: logits equal the
+    target's forward on its own cache to 1e-5, and the cache's visible keys and values equal that cache's."""
+    m = model(key)
+    ours, theirs = (SpeculativeDecoder(m, None, layout(), draft_length=4, verify_step=s) for s in ("static", "model"))
+    ids = prompt()
+    for dec in (ours, theirs):
+        dec.reset(ids, 64)
+    g = torch.Generator().manual_seed(1)
+    for n in (5, 3, 5, 5, 3):
+        tokens = torch.randint(1, 128, (n,), generator=g).tolist()
+        a = ours._static_verify(ours.tcache, tokens)
+        with torch.inference_mode():
+            b = theirs._forward(theirs.target, theirs.tcache, tokens, all_logits=True)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        for dec in (ours, theirs):
+            dec.tcache.crop(-2)
+        length = theirs.tcache.get_seq_length()
+        assert ours.tcache.length == length
+        for i, layer in enumerate(theirs.tcache.layers):
+            torch.testing.assert_close(ours.tcache.keys[i][:, :, :length], layer.keys, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(ours.tcache.values[i][:, :, :length], layer.values, atol=1e-5, rtol=1e-5)
+
+
 def test_every_step_has_the_same_shapes_and_addresses():
     """What CUDA-graph replay needs, checked on CPU: over two prompts of different lengths, with refreshes and
-    rejections, every step's inputs have the same shapes and dtypes, and within a prompt the cache buffers it
-    writes keep their addresses (a refresh rewrites them in place)."""
+    rejections, every draft step's inputs have the same shapes and dtypes (every verify's within a prompt), and
+    within a prompt the cache buffers they write keep their addresses (a refresh rewrites them in place)."""
     m = random_model("llama", vocab=128, layers=2, hidden=64, heads=4, kv_heads=2, init=0.2)
     draft = random_model("llama", vocab=128, layers=2, hidden=64, heads=4, kv_heads=2, seed=3, init=0.2)
-    dec = SpeculativeDecoder(m, draft, layout(), draft_length=4, draft_step="static")
-    shapes, addresses, inputs = set(), [], dec._static.inputs
+    dec = SpeculativeDecoder(m, draft, layout(), draft_length=4, draft_step="static", verify_step="static")
+    shapes, addresses = {"draft": set(), "verify": set()}, {"draft": [], "verify": []}
 
-    def recording(cache, token, position):
-        out = inputs(cache, token, position)
-        flat = list(out[:4]) + out[4] + out[5]
-        shapes.add(tuple((tuple(t.shape), t.dtype) for t in flat))
-        addresses[-1].add(tuple(t.data_ptr() for t in out[4] + out[5]))
-        return out
+    def recording(step, inputs):
+        def record(*args):
+            out = inputs(*args)
+            flat = list(out[:4]) + list(out[4]) + list(out[5])
+            shapes[step].add(tuple((tuple(t.shape), t.dtype) for t in flat))
+            addresses[step][-1].add(tuple(t.data_ptr() for t in list(out[4]) + list(out[5])))
+            return out
+        return record
 
-    dec._static.inputs = recording
+    dec._static.inputs = recording("draft", dec._static.inputs)
+    dec._static_verify.inputs = recording("verify", dec._static_verify.inputs)
     refreshes, rejected = 0, 0
     for n in (PROMPT, 2 * PROMPT):
-        addresses.append(set())
+        for step in addresses:
+            addresses[step].append(set())
         out = decode(dec, prompt(n, seed=n), 60, PeriodicController(3))
         refreshes += out.refreshes
         rejected += sum(r.accepted < r.draft_length for r in out.rounds)
         assert out.tokens == greedy_reference(m, prompt(n, seed=n), 60)
     assert refreshes >= 8 and rejected >= 3, "the runs refresh and reject"
-    assert len(shapes) == 1, shapes
-    assert all(len(a) == 1 for a in addresses), "a step wrote to a reallocated buffer"
+    # The draft step: one shape at both lengths. The verify: one per prompt (its static cache holds the prompt).
+    assert len(shapes["draft"]) == 1 and len(shapes["verify"]) == 2, shapes
+    assert all(len(a) == 1 for step in addresses for a in addresses[step]), "a step wrote to a reallocated buffer"
 
 
 @pytest.mark.slow
 def test_compiled_rift_dyn_is_lossless_with_one_graph_at_every_length():
-    """The shipped pair, rift-dyn (budget 256, a refresh once 8 tokens passed) drafting through the compiled step: greedy
-    output equals the target's own greedy ``generate`` at two prompt lengths, and dynamo compiles exactly one graph
-    (fullgraph: a graph break would raise)."""
+    """The shipped pair, rift-dyn (budget 256, a refresh once 8 tokens passed), the draft step and the verify
+    compiled: greedy output equals the target's own greedy ``generate`` at two prompt lengths, and dynamo compiles
+    one graph for the draft step and one per length for the verify (fullgraph: a graph break would raise)."""
     pair = cached_testbed_pair("testbed")
     torch._dynamo.reset()
     graphs = counters["stats"]["unique_graphs"]
-    dec = SpeculativeDecoder.for_pair(pair, CacheLayout("rift", 256), Decoding(11, draft_step="compiled"))
+    dec = SpeculativeDecoder.for_pair(pair, CacheLayout("rift", 256),
+                                      Decoding(11, draft_step="compiled", verify_step="compiled"))
     eos = pair.tokenizer.eos_token_id
     for n in (600, 1100):
         ids = encode(pair.tokenizer, build_tasks(pair.tokenizer, "low", n=1, input_tokens=n, seed=1)[0].prompt)
         out = decode(dec, ids, 64, PeriodicController(8))
         assert out.refreshes >= 3
         assert out.tokens == greedy_reference(pair.target, ids, 64, eos)
-    assert counters["stats"]["unique_graphs"] - graphs == 1
+    # The draft step's one graph, and the verify's per prompt length (the target's static cache holds the prompt).
+    assert counters["stats"]["unique_graphs"] - graphs == 3
 
 
 @pytest.mark.slow
 def test_compiled_step_samples_the_targets_distribution():
     """The sampling check of tests/test_sampling.py (chi-square at alpha 1e-3 over 2,000 sampled 4-token
-    sequences, rift-dyn refreshed before every round) with the draft drafting through the compiled step."""
+    sequences, rift-dyn refreshed before every round) with the draft step and the verify compiled."""
     from tests.test_sampling import models
 
     target, draft, _ = models()
-    check_rift_dyn_sampling(target, draft, draft_step="compiled")
+    check_rift_dyn_sampling(target, draft, step="compiled")
 
 
 def test_what_the_static_step_cannot_run_is_refused_in_one_line():
-    with pytest.raises(UnsupportedModelError, match="static .* draft step runs llama") as e:
-        SpeculativeDecoder(model("gemma3"), None, layout(), draft_step="compiled")
-    assert "\n" not in str(e.value)
-    dec = SpeculativeDecoder(model("mistral-swa"), None, layout(), draft_step="static")
-    with pytest.raises(UnsupportedModelError, match="full attention") as e:
-        dec.reset(prompt(), 8)
-    assert "\n" not in str(e.value)
-    with pytest.raises(ValueError, match="draft_step must be"):
-        SpeculativeDecoder(model("llama"), None, layout(), draft_step="fast")
+    cases = [(dict(draft_step="compiled"), "gemma3", "static .compiled. draft step runs llama"),
+             (dict(verify_step="static"), "gemma3", "static .compiled. target step runs llama"),
+             (dict(draft_step="static"), "mistral-swa", "draft step needs every layer to be full attention"),
+             (dict(verify_step="compiled"), "qwen3-swa", "target step needs every layer to be full attention")]
+    for kw, key, phrase in cases:
+        with pytest.raises(UnsupportedModelError, match=phrase) as e:
+            SpeculativeDecoder(model(key), None, layout(), **kw)
+        assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="verify_step must be"):
+        SpeculativeDecoder(model("llama"), None, layout(), verify_step="fast")

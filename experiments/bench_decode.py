@@ -12,8 +12,9 @@ speculative loop (external drafter; full draft cache, and rift-dyn) with HF assi
 checking that all of them produce the same tokens. Our loops are profiled as they run (``rift_ada.profiling``):
 ``round_time`` splits their round time into model forwards, rescoring and the framework's overhead (the rest).
 
-``tokens_per_s`` is decode alone (prefill apart, as ``prefill_s``): what speculation speeds up. With ``--compile`` it
-also holds the compiled paths (``*_compiled``: our loop drafting through the compiled static step of
+``tokens_per_s`` is decode alone (prefill apart, as ``prefill_s``): what speculation speeds up. ``greedy_static`` is
+plain greedy on ``rift_ada.static``'s static cache (eager), the greedy baseline without transformers' per-step cache
+concatenation. With ``--compile`` it also holds the static and compiled paths (``*_compiled``: our loop drafting through the compiled static step of
 ``rift_ada.static``, and greedy ``generate`` on HF's static cache with ``torch.compile``), with ``draft_ms_per_step``
 eager and compiled, compile times apart (``compile_s``) and dynamo's graph counts (``warmup_graphs``, and
 ``recompiles`` during the timed runs).
@@ -98,6 +99,7 @@ def main(argv=None) -> int:
 def bench_length(pair, length: int, prompts: list, args) -> dict:
     """One input length's row: per-phase times of full and rift-stat, then end to end and decode alone on the same
     tokens."""
+    from rift_ada.architectures import UnsupportedModelError
     from rift_ada.evaluate import evaluate
     from rift_ada.layout import CacheLayout
     from rift_ada.models import assisted_reference, greedy_reference
@@ -163,6 +165,12 @@ def bench_length(pair, length: int, prompts: list, args) -> dict:
                            "full": after_first / decode_s["rift_ada_full"],
                            "rift_dyn": after_first / decode_s["rift_ada_dyn"],
                            "hf_assisted": after_first / max(hf["hf_assisted"][1] - t_prefill - t_draft_prefill, 1e-9)}
+    try:
+        static_greedy = [greedy_on_static_cache(pair.target, ids, args.max_new_tokens, eos) for ids in prompts]
+        row["tokens_per_s"]["greedy_static"] = after_first / sum(t for _, t in static_greedy)
+        row["same_output"]["greedy_static"] = [toks for toks, _ in static_greedy] == plain
+    except UnsupportedModelError as e:  # a target rift_ada.static does not run: no such row
+        print(f"note: no greedy_static row: {e}", file=sys.stderr)
     row["draft_ms_per_step"] = {"eager": draft_step_ms(dyn_rounds)}
     if args.compile:
         compiled = compiled_rows(pair, prompts, args, plain)
@@ -173,6 +181,28 @@ def bench_length(pair, length: int, prompts: list, args) -> dict:
     row["generate_vs_loop"] = row["tokens_per_second"]["rift_ada_dyn_generate"] / row["tokens_per_second"][
         "rift_ada_dyn_loop"]
     return row
+
+
+@torch.inference_mode()
+def greedy_on_static_cache(target, ids: list[int], new_tokens: int, eos: int | None) -> tuple[list[int], float]:
+    """Plain greedy decoding of the target, one token per forward on ``rift_ada.static``'s static cache (eager): the
+    greedy baseline without transformers' per-step cache concatenation. (tokens, decode seconds after the first
+    token)."""
+    from transformers import DynamicCache
+
+    from rift_ada.static import StaticKV, StaticVerify
+
+    x = torch.tensor([ids], device=target.device)
+    cache = DynamicCache(config=target.config)
+    token = int(target(x, cache=cache, logits_to_keep=1).logits[0, -1].argmax())
+    cache, step, tokens = StaticKV(cache, len(ids) + new_tokens + 1), StaticVerify(target, 1), [token]
+    t = time.perf_counter()
+    while len(tokens) < new_tokens and token != eos:
+        token = int(step(cache, [token])[-1].argmax())
+        tokens.append(token)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return tokens, time.perf_counter() - t
 
 
 def verify_ms(results: list) -> float:

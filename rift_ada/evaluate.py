@@ -139,6 +139,9 @@ def run(args) -> dict:
     if whole and budget is not None and distributed.is_main():
         print(f"note: budget {budget} >= prompt length for {len(whole)} of {len(prompts)} prompts (up to "
               f"{max(whole)} tokens): the draft cache holds them whole, prefill compresses nothing", file=sys.stderr)
+    if "compiled" in (dec.draft_step, dec.verify_step) and distributed.is_main():
+        print("note: compiled steps compile during the first prompt (and the verify at each new prompt length), "
+              "inside tokens_per_second; experiments/bench_decode.py --compile times them apart", file=sys.stderr)
     ev = evaluate(dec, prompts, policy.controller, args.max_new_tokens,
                   greedy_check=args.temperature == 0 and not args.no_greedy_check,
                   progress=False if args.json else f"{args.policy} (budget {args.budget})")

@@ -26,6 +26,8 @@ The ``rift_*`` arguments (a policy as in ``rift_ada.policies``):
 |                       |              | ``torch.manual_seed`` before ``generate`` makes sampling reproducible       |
 | ``rift_layout``       | -            | more layout knobs for ``make_policy``: ``window_fraction``, ``obs_window``, |
 |                       |              | ``scorer``, ``lookahead``, ...                                              |
+| ``rift_draft_step``   | ``model``    | ``static`` / ``compiled``: the draft's static-shape step (``rift_ada.static``) |
+| ``rift_verify_step``  | ``model``    | ``static`` / ``compiled``: the target's verify on a static cache            |
 | ``rift_rounds``       | False        | with ``return_dict_in_generate=True``: the per-round records as ``.rounds`` |
 | ``rift_draft``        | -            | the draft, for targets whose ``generate`` refuses ``assistant_model``       |
 |                       |              | (stateful hybrids: Qwen3.5, Nemotron-H); the same as ``assistant_model``   |
@@ -75,7 +77,8 @@ def rift_generate(model, input_ids: torch.LongTensor, logits_processor=None, sto
                   rift_policy: str = DEFAULTS["policy"], rift_budget: int | None = DEFAULTS["budget"],
                   rift_period: int | None = None, rift_controller=None,
                   rift_draft_length: int = DEFAULTS["draft_length"], rift_seed: int | None = None,
-                  rift_layout: dict | None = None, rift_rounds: bool = False, rift_draft=None, **model_kwargs):
+                  rift_layout: dict | None = None, rift_rounds: bool = False, rift_draft=None,
+                  rift_draft_step: str = "model", rift_verify_step: str = "model", **model_kwargs):
     """The decoding loop ``generate(custom_generate=rift_generate)`` calls after its input preparation (see the
     module's docstring for the ``rift_*`` arguments)."""
     dropped = _arguments_generate_kept_back()
@@ -99,7 +102,8 @@ def rift_generate(model, input_ids: torch.LongTensor, logits_processor=None, sto
     # eos_token_id=None: EOS stops the run through the stopping criteria below, as in plain generate (several EOS
     # ids, stop strings and custom criteria included).
     decoder = SpeculativeDecoder(model, draft, policy.layout, rift_draft_length, seed=rift_seed,
-                                 store_device=None, **sampling)
+                                 store_device=None, draft_step=rift_draft_step, verify_step=rift_verify_step,
+                                 **sampling)
     prompt_len = input_ids.shape[1]
     max_new = cfg.max_length - prompt_len
     if max_new < 1:

@@ -24,7 +24,7 @@ def test_bench_decode_compile_writes_every_row(tmp_path, monkeypatch):
     row = json.loads(out.read_text())["lengths"][0]
     assert row["input_tokens"] == 600 and row["prefill_s"] > 0
     expected = {"greedy", "greedy_compiled", "full", "full_compiled", "rift_dyn", "rift_dyn_compiled", "hf_assisted",
-                "rift_dyn_static"}
+                "rift_dyn_static", "greedy_static"}
     assert expected <= set(row["tokens_per_s"]) and min(row["tokens_per_s"].values()) > 0
     assert min(row["draft_ms_per_step"][k] for k in ("eager", "static", "compiled")) > 0
     assert all(row["same_output"].values()), row["same_output"]

@@ -75,6 +75,19 @@ def test_greedy_equals_plain_generate_on_the_testbed_pair(lm_pair, name, tmp_pat
             assert sum(r.refreshed for r in out.rounds) >= 2, "the controller refreshed the draft's cache"
 
 
+def test_static_steps_through_generate(lm_pair, monkeypatch):
+    """rift_draft_step / rift_verify_step reach the decoder: rift-dyn with the static draft step and verify gives
+    plain generate's tokens, and the round ran on them (the static verify's cache is rift_ada.static.StaticKV)."""
+    from rift_ada.static import StaticKV
+
+    (pair, ids), t = lm_pair, lm_pair[0].target
+    seen, init = [], StaticKV.__init__
+    monkeypatch.setattr(StaticKV, "__init__", lambda self, *a: (seen.append(self), init(self, *a))[1])
+    out = ours(t, ids, assistant_model=pair.draft, rift_draft_step="static", rift_verify_step="static",
+               **rift_kw("rift-dyn"))
+    assert torch.equal(out, plain(t, ids)) and len(seen) == 1
+
+
 def test_assistant_model_and_streamer_reach_the_loop():
     """transformers hands a callable custom_generate neither `assistant_model` nor `streamer` (rift_ada.hf reads them
     from generate's frame): with a draft of another family acceptance drops below self-speculation's (which accepts

@@ -46,19 +46,24 @@ STORE_CHUNK = 1024  # tokens: the backing store's smallest growth step
 ROUND_SLACK = 64  # active slots beyond the budget: a round's tokens in flight (k + 1 <= 64) never reallocate
 
 
-def _fit(buf: torch.Tensor, filled: int, need: int, slack: int) -> torch.Tensor:
-    """``buf`` (b, h, capacity, d) if it holds ``need`` entries, else a larger one holding its first ``filled``."""
-    if need <= buf.shape[2]:
+def _fit(buf: torch.Tensor, filled: int, need: int, slack: int, dim: int = 2) -> torch.Tensor:
+    """``buf`` if it holds ``need`` entries along ``dim`` (the token axis), else a larger one holding its first
+    ``filled``: grown by ``slack`` past the need, and by at least a quarter (O(1) copying per appended token)."""
+    cap = buf.shape[dim]
+    if need <= cap:
         return buf
+    shape = list(buf.shape)
+    shape[dim] = max(need + slack, cap + cap // 4)
     # Zeros, not empty: the static step attends over unfilled slots too (masked), and 0 x NaN would be NaN.
-    new = buf.new_zeros(*buf.shape[:2], max(need + slack, buf.shape[2] + buf.shape[2] // 4), *buf.shape[3:])
-    new[:, :, :filled] = buf[:, :, :filled]
+    new = buf.new_zeros(shape)
+    new.narrow(dim, 0, filled).copy_(buf.narrow(dim, 0, filled))
     return new
 
 
-def _shift(buf: torch.Tensor, start: int, drop: int, end: int) -> None:
+def _shift(buf: torch.Tensor, start: int, drop: int, end: int, dim: int = 2) -> None:
     """Close a gap in place: entries ``start + drop .. end`` move to ``start`` (a copy first: the ranges overlap)."""
-    buf[:, :, start:end - drop] = buf[:, :, start + drop:end].clone()
+    n = end - drop - start
+    buf.narrow(dim, start, n).copy_(buf.narrow(dim, start + drop, n).clone())
 
 
 class RiftLayer(CacheLayerMixin):
@@ -85,8 +90,8 @@ class RiftLayer(CacheLayerMixin):
         self.imp_pos: torch.Tensor | None = None  # (b, kv_heads, n_imp) absolute positions
         self._k = self._v = None
         self._n = 0
-        # The backing store grows by a quarter (at least STORE_CHUNK tokens): a cat per token would copy the whole
-        # history at every draft step, making the step's time grow with the context.
+        # The backing store grows by at least a quarter (and STORE_CHUNK tokens past the need): a cat per token would
+        # copy the whole history at every draft step, making the step's time grow with the context.
         self._store_k = self._store_v = None
         self.store_len = 0
         self._q = self._qpos = None  # (b, q_heads, cap, d) post-RoPE queries; (cap,) their positions
@@ -149,14 +154,8 @@ class RiftLayer(CacheLayerMixin):
 
     def _store_append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         end = self.store_len + k.shape[-2]
-        if end > self._store_k.shape[-2]:
-            old_cap = self._store_k.shape[-2]
-            cap = max(end, old_cap + max(STORE_CHUNK, old_cap // 4))  # geometric: O(1) copying per token
-            for name in ("_store_k", "_store_v"):
-                old = getattr(self, name)
-                new = old.new_empty(*old.shape[:2], cap, old.shape[-1])
-                new[:, :, :self.store_len] = old[:, :, :self.store_len]
-                setattr(self, name, new)
+        self._store_k = _fit(self._store_k, self.store_len, end, STORE_CHUNK)
+        self._store_v = _fit(self._store_v, self.store_len, end, STORE_CHUNK)
         self._store_k[:, :, self.store_len:end] = k.to(self._store_k.device)
         self._store_v[:, :, self.store_len:end] = v.to(self._store_v.device)
         self.store_len = end
@@ -243,10 +242,7 @@ class RiftLayer(CacheLayerMixin):
         # Trimmed in evict_tail(), after the round's rollback, so a rollback leaves no trace here either.
         n = self._nq
         self._q = _fit(self._q, n, n + q, ROUND_SLACK)
-        if self._qpos.shape[0] < self._q.shape[2]:
-            grown = self._qpos.new_empty(self._q.shape[2])
-            grown[:n] = self._qpos[:n]
-            self._qpos = grown
+        self._qpos = _fit(self._qpos, n, self._q.shape[2], 0, dim=0)
         self._q[:, :, n:n + q] = query.detach()
         self._qpos[n:n + q] = pos
         self._set_queries(n + q)
@@ -261,7 +257,7 @@ class RiftLayer(CacheLayerMixin):
         extra = self._nq - self.query_capacity
         if extra > 0:
             _shift(self._q, 0, extra, self._nq)
-            self._qpos[:self.query_capacity] = self._qpos[extra:self._nq].clone()
+            _shift(self._qpos, 0, extra, self._nq, dim=0)
             self._set_queries(self.query_capacity)
         drop = 0 if keep is None else self.n_tail - keep
         if drop > 0:

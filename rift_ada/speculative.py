@@ -31,6 +31,7 @@ from .layout import CacheLayout
 from .models import check_vocab
 from .recurrent import TargetStates
 from .signals import HISTORY, RUNWAY_CAP, DecoderState
+from .static import StaticDraftStep, StaticKV, StaticVerify, check_static
 
 
 @dataclass
@@ -144,13 +145,9 @@ class SpeculativeDecoder:
         self.draft_step, self.verify_step = draft_step, verify_step
         self._static = self._static_verify = None
         if draft_step != "model":
-            from .static import StaticDraftStep, check_static
-
             check_static(self.draft)
             self._static = StaticDraftStep(self.draft, compile=draft_step == "compiled")
         if verify_step != "model":
-            from .static import StaticVerify, check_static
-
             check_static(self.target, role="target")
             self._static_verify = StaticVerify(self.target, self.k + 1, compile=verify_step == "compiled")
         self.done = True
@@ -191,19 +188,13 @@ class SpeculativeDecoder:
         self.tcache.activate_past_recording()
         self.tcache.crop(0)
         self.dcache.compress()
-        if self._static is not None:
-            from .static import check_static
-
-            check_static(self.draft, self.dcache)
-            if self.layout.tail_limit is None:
-                # A cache that grows with the context (full, snapkv): room for the whole generation now, so its
-                # shape holds for this prompt (a compiled step compiles once per prompt length; a RIFT budget's
-                # shape is the same at every length).
-                for layer in self.dcache.rift_layers:
-                    layer.reserve(self.prompt_len + max_new_tokens + self.k + 1)
+        if self._static is not None and self.layout.tail_limit is None:
+            # A cache that grows with the context (full, snapkv): room for the whole generation now, so its shape
+            # holds for this prompt (a compiled step compiles once per prompt length; a RIFT budget's shape is the
+            # same at every length).
+            for layer in self.dcache.rift_layers:
+                layer.reserve(self.prompt_len + max_new_tokens + self.k + 1)
         if self._static_verify is not None:
-            from .static import StaticKV
-
             # Room for every round: the last may start at prompt + max_new_tokens - 1 and writes a whole block.
             self.tcache = StaticKV(self.tcache, self.prompt_len + max_new_tokens + self.k + 1)
             self._t_states = TargetStates(self.tcache)

@@ -33,8 +33,9 @@ def _inner(model):
     return base.model, base.lm_head
 
 
-def check_static(model, cache=None, role: str = "draft") -> None:
-    """Refuse, in one line, a model (``role``: draft or target) or draft cache the static step cannot run."""
+def check_static(model, role: str = "draft") -> None:
+    """Refuse, in one line, a model (``role``: draft or target) the static step cannot run. Every layer full
+    attention means every layer of the draft's cache is a RIFT layer (``RiftCache.for_config``)."""
     from .architectures import layer_kinds
 
     cfg, what = model.config, f"the static (compiled) {role} step"
@@ -43,7 +44,7 @@ def check_static(model, cache=None, role: str = "draft") -> None:
         raise UnsupportedModelError(f"{what} runs {', '.join(SUPPORTED)} models; {cfg.model_type} runs its own "
                                     f"forward ({off})")
     kinds = {k.kind for k in layer_kinds(cfg)}
-    if kinds != {"full"} or (cache is not None and len(cache.rift_layers) != len(cache.layers)):
+    if kinds != {"full"}:
         raise UnsupportedModelError(f"{what} needs every layer to be full attention (this {role} has sliding-window "
                                     f"or recurrent layers: {off})")
     if cfg._attn_implementation not in ("rift_sdpa", "sdpa"):

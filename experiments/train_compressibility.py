@@ -1,17 +1,22 @@
 """Train a draft to tolerate RIFT compression: LoRA distillation under the sparse attention it meets at inference.
 
-    python experiments/train_compressibility.py                      # testbed draft, about 14 minutes on 2 CPU cores
+    python experiments/train_compressibility.py --source-dir DIR     # testbed draft; DIR: code the models never saw
     python experiments/train_compressibility.py --drafter self       # LoRA on the target as its own drafter
 
-1. Target outputs (continuations + top-k log-probabilities) for training prompts, stored in <output-dir>/targets
-   (reused when present; see trainers/compressibility.py for the format).
+1. Target outputs (continuations + top-k log-probabilities) for training prompts of every task format (low, sort,
+   mixed, high; the standard library's training split), stored in <output-dir>/targets (reused when present; see
+   trainers/compressibility.py for the format).
 2. LoRA training (peft) of the drafter: a frozen dense pass picks importance positions with the inference scorer,
-   a masked pass learns KL(target || draft) on the continuation; the budget is drawn per sample from
-   --ratio-min..--ratio-max of the prompt; RIFT-stat and RIFT-dyn masks are mixed. Checkpoints every
-   --checkpoint-every steps.
+   a masked pass learns the acceptance-aware loss (KL(target || draft) weighted towards rejected positions, plus
+   the rejection probability) on the continuation; each sample draws its budget from --budgets (fractions of the
+   prompt) or trains on the full cache (--dense-share); RIFT-stat and RIFT-dyn masks are mixed. By default LoRA
+   adapts the last layer's values, output and MLP (--lora-layers, --lora-modules): the draft's queries and keys stay
+   as they were, so it selects at inference what training masked with. Checkpoints every --checkpoint-every steps.
+   Every --eval-every steps, held-out acceptance lengths (full cache, rift-stat at --eval-budgets) go to W&B.
 3. The adapter goes to <output-dir>/adapter (``python -m rift_ada.evaluate ... --lora <output-dir>/adapter``).
-4. A table like the paper's: AL of the trained and untrained drafter for rift-stat and rift-dyn at budgets of
-   12.5% and 25% of the input, at temperature 0 and 1, and the full-cache AL before and after training.
+4. The table: AL of the untrained and the trained drafter, full cache, rift-stat and rift-dyn at --eval-budgets, at
+   --temperatures, on the standard library's eval split and on --source-dir; results.json holds it with the
+   training history and the in-run curve.
 
 Resuming: rerunning the same command continues where a run stopped, even after a kill: the target outputs from
 the last finished prompt, training from the latest checkpoint (bit-identical to an uninterrupted run), the table
@@ -57,24 +62,47 @@ def parse_args(argv=None):
     m.add_argument("--targets", default=None, help="target-output folder (default <output-dir>/targets)")
     m.add_argument("--build-targets-only", action="store_true", help="store the target outputs and stop")
     t = p.add_argument_group("training")
-    t.add_argument("--steps", type=int, default=150)
+    t.add_argument("--steps", type=int, default=100)
     t.add_argument("--lr", type=float, default=5e-4)
     t.add_argument("--grad-accum", type=int, default=2)
-    t.add_argument("--ratio-min", type=float, default=0.08, help="smallest budget / prompt length drawn")
-    t.add_argument("--ratio-max", type=float, default=0.3, help="largest budget / prompt length drawn")
+    t.add_argument("--budgets", type=float, nargs="+", default=[0.0625, 0.125, 0.25, 0.5],
+                   help="training budgets as fractions of the prompt, one drawn per sample (the multi-budget recipe)")
+    t.add_argument("--dense-share", type=float, default=0.25,
+                   help="share of samples trained on the full cache (keeps the full-cache acceptance)")
+    t.add_argument("--accept-weight", type=float, default=4.0,
+                   help="acceptance-aware loss: KL weight 1 + this x (1 - acceptance probability) per position")
+    t.add_argument("--tv-weight", type=float, default=1.0,
+                   help="weight of the rejection probability 1 - sum(min(p, q)) in the loss")
     t.add_argument("--window-fraction", type=float, default=0.5)
     t.add_argument("--period", type=int, default=32, help="RIFT-dyn re-selection period (training and eval)")
-    t.add_argument("--dyn-share", type=float, default=0.5, help="share of samples with RIFT-dyn masks")
+    t.add_argument("--dyn-share", type=float, default=0.25, help="share of compressed samples with RIFT-dyn masks")
     t.add_argument("--lora-rank", type=int, default=8)
+    t.add_argument("--lora-modules", nargs="+", default=list(SELECTION_PRESERVING),
+                   help="module names to adapt (default: %(default)s, not q_proj / k_proj: see --lora-layers); 'all': "
+                        "every linear layer (rift_ada.lora.DEFAULT_TARGET_MODULES)")
+    t.add_argument("--lora-layers", nargs="+", default=["-1"],
+                   help="decoder layers to adapt (default: -1, the last), or 'all'. The last layer's values, output "
+                        "and MLP leave every query and key the draft scores with unchanged, so the adapted draft selects "
+                        "at inference exactly what training masked with (the frozen pass), and its full cache is "
+                        "touched only at the output")
     t.add_argument("--checkpoint-every", type=int, default=25)
     t.add_argument("--no-resume", action="store_true",
                    help="start over: delete the checkpoints and state (table rows, W&B run id) in --output-dir")
     t.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # simulates an interruption
     e = p.add_argument_group("evaluation")
-    e.add_argument("--eval-prompts", type=int, default=4)
+    e.add_argument("--eval-prompts", type=int, default=2, help="held-out prompts per table row and prompt set")
+    e.add_argument("--eval-task", default="low", help="task family of the held-out prompts")
     e.add_argument("--eval-new-tokens", type=int, default=128)
-    e.add_argument("--budgets", type=float, nargs="+", default=[0.125, 0.25], help="budgets as fractions of input")
+    e.add_argument("--eval-budgets", type=float, nargs="+", default=[0.125, 0.25],
+                   help="budgets of the table and the in-run curves, as fractions of the input")
     e.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    e.add_argument("--source-dir", default=None,
+                   help="also evaluate on tasks built from this folder of Python files (a code base the models never "
+                        "saw); the in-run curves use it when given")
+    e.add_argument("--eval-every", type=int, default=50,
+                   help="held-out acceptance lengths during training every this many steps (0: off)")
+    e.add_argument("--curve-prompts", type=int, default=2, help="held-out prompts per in-run evaluation")
+    e.add_argument("--curve-temperature", type=float, default=1.0, help="temperature of the in-run evaluation")
     e.add_argument("--draft-length", type=int, default=11)
     o = p.add_argument_group("output")
     o.add_argument("--output-dir", default="runs/compressibility")
@@ -90,20 +118,37 @@ def parse_args(argv=None):
 
 def _checked(p, argv):
     args = p.parse_args(argv)
-    if not 0 < args.ratio_min <= args.ratio_max <= 1:
-        p.error(f"the compression ratio range must satisfy 0 < --ratio-min <= --ratio-max <= 1, got "
-                f"({args.ratio_min}, {args.ratio_max})")
-    if any(not 0 < b <= 1 for b in args.budgets):
-        p.error("--budgets are fractions of the input in (0, 1]")
+    for name in ("budgets", "eval_budgets"):
+        if any(not 0 < b <= 1 for b in getattr(args, name)):
+            p.error(f"--{name.replace('_', '-')} are fractions of the input in (0, 1]")
+    for name in ("dense_share", "dyn_share"):
+        if not 0 <= getattr(args, name) <= 1:
+            p.error(f"--{name.replace('_', '-')} is a share in [0, 1]")
+    if args.accept_weight < 0 or args.tv_weight < 0:
+        p.error("--accept-weight and --tv-weight must be >= 0")
+    if args.lora_layers == ["all"]:
+        args.lora_layers = None
+    else:
+        try:
+            args.lora_layers = [int(x) for x in args.lora_layers]
+        except ValueError:
+            p.error(f"--lora-layers takes layer indices or 'all', got {' '.join(args.lora_layers)}")
+    if args.lora_modules == ["all"]:
+        args.lora_modules = None
+    if args.eval_every < 0:
+        p.error("--eval-every must be >= 0 (0: no in-run evaluation)")
     require_positive(p, args, ("steps", "grad_accum", "train_prompts", "eval_prompts", "continuation_tokens", "top_k",
-                               "period", "checkpoint_every", "lora_rank", "eval_new_tokens", "threads"))
+                               "period", "checkpoint_every", "lora_rank", "eval_new_tokens", "threads", "curve_prompts"))
     return args
 
 
+TRAIN_FAMILIES = ("low", "sort", "mixed", "high")
+# LoRA targets that change no query or key of the adapted layer (with --lora-layers -1: of any layer).
+SELECTION_PRESERVING = ("v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Options that change neither the target outputs nor training (evaluation options are checked per table row).
 SESSION_OPTIONS = ("output_dir", "no_resume", "stop_after", "checkpoint_every", "threads", "wandb_project",
                    "wandb_mode", "build_targets_only")
-EVAL_OPTIONS = ("eval_prompts", "eval_new_tokens", "budgets", "temperatures", "draft_length")
+EVAL_OPTIONS = ("eval_task", "eval_prompts", "eval_new_tokens", "eval_budgets", "temperatures", "draft_length", "source_dir")
 
 
 def main(argv=None) -> int:
@@ -181,14 +226,26 @@ def _main(args, device: str) -> int:
                            config=config, job_type="train_compressibility")
         run.define_metric("lora/*", step_metric="lora/step")
     torch.manual_seed(args.seed)
-    student = lora.attach(copy.deepcopy(base), rank=args.lora_rank, alpha=2 * args.lora_rank)
-    cfg = C.TrainConfig(steps=args.steps, lr=args.lr, grad_accum=args.grad_accum,
-                        ratio_range=(args.ratio_min, args.ratio_max), window_fraction=args.window_fraction,
-                        period=args.period, dyn_share=args.dyn_share, checkpoint_every=args.checkpoint_every,
-                        seed=args.seed)
+    student = lora.attach(copy.deepcopy(base), rank=args.lora_rank, alpha=2 * args.lora_rank,
+                          target_modules=args.lora_modules or lora.DEFAULT_TARGET_MODULES, layers=args.lora_layers)
+    cfg = C.TrainConfig(steps=args.steps, lr=args.lr, grad_accum=args.grad_accum, budgets=tuple(args.budgets),
+                        dense_share=args.dense_share, accept_weight=args.accept_weight, tv_weight=args.tv_weight,
+                        window_fraction=args.window_fraction, period=args.period, dyn_share=args.dyn_share,
+                        checkpoint_every=args.checkpoint_every, seed=args.seed)
+    # Held-out prompts: the standard library's eval split, and a code base the models never saw (--source-dir).
+    eval_sets = {"stdlib-eval": eval_prompts(pair.tokenizer, args, None)}
+    if args.source_dir:
+        eval_sets["unseen"] = eval_prompts(pair.tokenizer, args, args.source_dir)
+    curve_set = "unseen" if args.source_dir else "stdlib-eval"
+    if main:
+        run.define_metric("heldout/*", step_metric="lora/step")
+    curve = None
+    if args.eval_every:
+        curve_ids = eval_sets[curve_set][:args.curve_prompts]
+        curve = lambda model: heldout_al(pair, model, curve_ids, args)  # noqa: E731
     t0 = time.time()
     trained = C.train(student, samples, cfg, out, resume=not args.no_resume, log=run.log if run else None,
-                      stop_after=args.stop_after)
+                      stop_after=args.stop_after, eval_fn=curve, eval_every=args.eval_every)
     train_s = time.time() - t0
     if main:
         lora.save(student, lora.fingerprint(base), out / "adapter")
@@ -198,16 +255,15 @@ def _main(args, device: str) -> int:
             run.finish()
         return 0
 
-    # Evaluation on held-out prompts: untrained vs trained drafter, same prompts and seeds; one state unit per row.
+    # The table: untrained vs trained drafter on held-out prompts, same prompts and seeds; one state unit per row.
     # Under torchrun every process evaluates its share of the prompts of every row (evaluate() gathers).
-    eval_ids = encode_prompts(pair.tokenizer, build_tasks(pair.tokenizer, "low", n=args.eval_prompts,
-                                                          input_tokens=args.input_tokens, seed=args.seed, split="eval"))
-    rows = evaluate_table(pair, base, student, eval_ids, args, state)
+    rows = [r for name, ids in eval_sets.items() for r in evaluate_table(pair, base, student, ids, args, state, name)]
     if not main:
         return 0
     table = format_table(rows)
     results = {"rows": rows, "train_seconds": train_s, "total_seconds": time.time() - t_start,
-               "final_kl": trained["history"][-1]["loss"] if trained["history"] else None,
+               "final_loss": trained["history"][-1]["loss"] if trained["history"] else None,
+               "history": trained["history"], "curve": {"prompts": curve_set, "points": trained["evals"]},
                "samples": len(samples), "target_outputs": str(targets), "adapter": str(out / "adapter")}
     write_json(out / "results.json", results)
     (out / "table.md").write_text(table + "\n")
@@ -231,16 +287,24 @@ def target_outputs(args, pair, out: Path) -> tuple[Path, list]:
     if not (targets / "meta.json").is_file():
         if args.targets:
             raise FileNotFoundError(f"no target outputs in {str(targets)!r} (meta.json missing)")
-        fams = ["low", "mixed", "high"]
-        tasks = [t for i, f in enumerate(tqdm(fams, desc="building prompts", disable=not distributed.is_main()))
-                 for t in build_tasks(pair.tokenizer, f, n=-(-args.train_prompts // 3), input_tokens=args.input_tokens,
-                                      seed=args.seed + 100 + i, split="train")][: args.train_prompts]
+        tasks = training_tasks(pair.tokenizer, args.train_prompts, args.input_tokens, args.seed)
         C.build_target_outputs(pair.target, encode_prompts(pair.tokenizer, tasks), args.continuation_tokens, targets,
                                args.top_k, args.target_temperature, args.seed, args.target)
     meta, samples = C.load_target_outputs(targets, vocab_size=pair.draft.config.vocab_size)
     if not args.targets:
         check_targets(meta, args, targets)
     return targets, samples
+
+
+def training_tasks(tokenizer, n: int, input_tokens: int, seed: int) -> list:
+    """The training prompts: every task format the evaluation asks for (TRAIN_FAMILIES, interleaved so that any
+    prefix holds all of them), built from the standard library's training split, never from the eval split."""
+    from rift_ada.data import build_tasks
+
+    per = -(-n // len(TRAIN_FAMILIES))
+    built = [build_tasks(tokenizer, f, n=per, input_tokens=input_tokens, seed=seed + 100 + i, split="train")
+             for i, f in enumerate(tqdm(TRAIN_FAMILIES, desc="building prompts", disable=not distributed.is_main()))]
+    return [fam[i] for i in range(per) for fam in built][:n]
 
 
 def check_targets(meta: dict, args, folder: Path) -> None:
@@ -259,32 +323,76 @@ def wandb_table(columns, data):
     return wandb.Table(columns=columns, data=data)
 
 
-def evaluate_table(pair, base, student, eval_ids, args, state) -> list[dict]:
+def eval_prompts(tokenizer, args, source_dir) -> list[list[int]]:
+    """Held-out prompts: the standard library's eval split (source_dir None) or a code base's files."""
+    from rift_ada.data import build_tasks, encode_prompts
+
+    return encode_prompts(tokenizer, build_tasks(tokenizer, args.eval_task, n=args.eval_prompts,
+                                                 input_tokens=args.input_tokens, seed=args.seed,
+                                                 source_dir=source_dir, split=None if source_dir else "eval"))
+
+
+def eval_drafter(drafter):
+    """The drafter as evaluation runs it: an adapter merged into a copy (the same function: LoRA adds B @ A to each
+    weight), on the static draft step where the model supports it (2-3x faster on this CPU; the same tokens)."""
+    from rift_ada.static import check_static
+
+    model = drafter
+    if hasattr(drafter, "merge_and_unload"):
+        model = copy.deepcopy(drafter).merge_and_unload()
+        model.eval()
+    try:
+        check_static(model, "draft")
+        return model, "static"
+    except Exception:  # another family, or sliding / hybrid layers: its own forward
+        return model, "model"
+
+
+def acceptance_length(pair, drafter, prompts, policy_name, budget, temperature, args) -> float:
     from rift_ada.evaluate import evaluate
     from rift_ada.policies import make_policy
     from rift_ada.speculative import Decoding, SpeculativeDecoder
 
-    n_input = sum(len(x) for x in eval_ids) / len(eval_ids)
-    configs = [("full", None)] + [(pol, frac) for frac in args.budgets for pol in ("rift-stat", "rift-dyn")]
-    settings = {k: getattr(args, k) for k in ("eval_prompts", "eval_new_tokens", "draft_length")}
+    policy = make_policy(policy_name, budget=budget, period=args.period if policy_name == "rift-dyn" else None)
+    model, step = drafter
+    dec = SpeculativeDecoder.for_pair(pair, policy.layout, Decoding(args.draft_length, temperature, seed=args.seed,
+                                                                    draft_step=step), model)
+    with torch.inference_mode():
+        return evaluate(dec, prompts, policy.controller, args.eval_new_tokens).summary["acceptance_length"]
+
+
+def budget_tokens(prompts, fraction: float) -> int:
+    return max(2, round(fraction * sum(len(x) for x in prompts) / len(prompts)))
+
+
+def heldout_al(pair, drafter, prompts, args) -> dict:
+    """The in-run curve's point: AL of the drafter as it stands, full cache and rift-stat at each --eval-budgets."""
+    d = eval_drafter(drafter)
+    point = {"al_full": acceptance_length(pair, d, prompts, "full", None, args.curve_temperature, args)}
+    for frac in args.eval_budgets:
+        point[f"al_rift_stat_{frac:g}"] = acceptance_length(pair, d, prompts, "rift-stat", budget_tokens(prompts, frac),
+                                                            args.curve_temperature, args)
+    return point
+
+
+def evaluate_table(pair, base, student, eval_ids, args, state, prompts: str = "stdlib-eval") -> list[dict]:
+    configs = [("full", None)] + [(pol, frac) for frac in args.eval_budgets for pol in ("rift-stat", "rift-dyn")]
+    settings = {k: getattr(args, k) for k in ("eval_prompts", "eval_new_tokens", "draft_length", "eval_task")}
+    drafters = {"untrained": eval_drafter(base), "trained": eval_drafter(student)}
 
     def row(temp, pol_name, frac):
-        budget = None if frac is None else max(2, round(frac * n_input))
-        policy = make_policy(pol_name, budget=budget, period=args.period if pol_name == "rift-dyn" else None)
-        al = {}
-        for label, drafter in (("untrained", base), ("trained", student)):
-            dec = SpeculativeDecoder.for_pair(pair, policy.layout, Decoding(args.draft_length, temp, seed=args.seed),
-                                              drafter)
-            al[label] = evaluate(dec, eval_ids, policy.controller, args.eval_new_tokens).summary["acceptance_length"]
-        return {"temperature": temp, "policy": pol_name, "budget_fraction": frac, "budget": budget,
+        budget = None if frac is None else budget_tokens(eval_ids, frac)
+        al = {label: acceptance_length(pair, d, eval_ids, pol_name, budget, temp, args) for label, d in drafters.items()}
+        return {"prompts": prompts, "temperature": temp, "policy": pol_name, "budget_fraction": frac, "budget": budget,
                 "al_untrained": al["untrained"], "al_trained": al["trained"],
                 "relative_change": al["trained"] / al["untrained"] - 1}
 
-    cols = ("temperature", "policy", "budget_fraction", "budget", "al_untrained", "al_trained", "relative_change")
+    cols = ("prompts", "temperature", "policy", "budget_fraction", "budget", "al_untrained", "al_trained",
+            "relative_change")
     todo = [(temp, pol, frac) for temp in args.temperatures for pol, frac in configs]
-    rows = [unit(state, f"eval-t{temp:g}-{pol}-{'full' if frac is None else f'{frac:g}'}",
+    rows = [unit(state, f"eval-{prompts}-t{temp:g}-{pol}-{'full' if frac is None else f'{frac:g}'}",
                  lambda temp=temp, pol=pol, frac=frac: row(temp, pol, frac), settings)
-            for temp, pol, frac in tqdm(todo, desc="evaluation", disable=not distributed.is_main())]
+            for temp, pol, frac in tqdm(todo, desc=f"evaluation ({prompts})", disable=not distributed.is_main())]
     return [{c: r[c] for c in cols} for r in rows]
 
 
@@ -304,10 +412,11 @@ def unit(state, name: str, compute, key) -> dict:
 
 
 def format_table(rows: list[dict]) -> str:
-    lines = ["| temperature | policy | budget | AL untrained | AL trained | change |", "|---|---|---|---|---|---|"]
+    lines = ["| prompts | temperature | policy | budget | AL untrained | AL trained | change |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         budget = "full" if r["budget"] is None else f"{r['budget']} ({100 * r['budget_fraction']:.1f}%)"
-        lines.append(f"| {r['temperature']:g} | {r['policy']} | {budget} | {r['al_untrained']:.3f} | "
+        lines.append(f"| {r['prompts']} | {r['temperature']:g} | {r['policy']} | {budget} | {r['al_untrained']:.3f} | "
                      f"{r['al_trained']:.3f} | {100 * r['relative_change']:+.1f}% |")
     return "\n".join(lines)
 

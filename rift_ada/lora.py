@@ -79,16 +79,24 @@ def check_base(want: dict, base, folder) -> None:
         raise ValueError(f"the adapter in {folder} was trained for another base model: {'; '.join(diff)}")
 
 
-def attach(model, rank: int = 8, alpha: int = 16, dropout: float = 0.0, target_modules=DEFAULT_TARGET_MODULES):
-    """A trainable LoRA wrapper around ``model`` (which is left frozen)."""
+def attach(model, rank: int = 8, alpha: int = 16, dropout: float = 0.0, target_modules=DEFAULT_TARGET_MODULES,
+           layers: list[int] | None = None):
+    """A trainable LoRA wrapper around ``model`` (which is left frozen); ``layers``: adapt only these decoder layers
+    (negative indices count from the last; default: all)."""
     from peft import LoraConfig, get_peft_model
 
     names = [name for name, _ in model.named_modules()]
     modules = [m for m in target_modules if any(n == m or n.endswith("." + m) for n in names)]
     if not modules:
         raise ValueError(f"none of the LoRA target modules {list(target_modules)} exist in this model")
+    n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    if layers is not None:
+        if not layers or any(not -n_layers <= i < n_layers for i in layers):
+            raise ValueError(f"LoRA layers {list(layers)} are not all among this model's {n_layers} layers "
+                             f"(0..{n_layers - 1}, or -1 for the last)")
+        layers = sorted({i % n_layers for i in layers})
     cfg = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=modules, bias="none",
-                     task_type="CAUSAL_LM")
+                     task_type="CAUSAL_LM", layers_to_transform=None if layers is None else list(layers))
     return get_peft_model(model, cfg)
 
 

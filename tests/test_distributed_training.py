@@ -25,7 +25,7 @@ ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "L
 ENV.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true")
 # 5 optimizer steps of 4 samples (global batch 4: 2 per process under torchrun) on 3 short prompts.
 SMALL = ["--target", "testbed-lm", "--drafter", "testbed-lm", "--train-prompts", "3", "--steps", "5", "--grad-accum", "4", "--input-tokens", "512",
-         "--continuation-tokens", "16", "--eval-prompts", "1", "--eval-new-tokens", "16", "--budgets", "0.25",
+         "--continuation-tokens", "16", "--eval-prompts", "1", "--eval-new-tokens", "16", "--eval-budgets", "0.25",
          "--temperatures", "0", "--checkpoint-every", "1", "--wandb-mode", "disabled"]
 # The loss curve under torchrun against one process: per-step losses within this relative tolerance (gradients are
 # summed in another order; measured: 7e-7 at most), the adapters within this absolute one (measured: 2e-5).

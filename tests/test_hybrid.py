@@ -380,7 +380,7 @@ def test_compressibility_masks_and_lora_on_hybrids(key):
     sample = {"prompt_ids": torch.tensor(prompt), "continuation_ids": torch.tensor(cont),
               "topk_ids": torch.randint(0, 128, (40, 8), generator=g), "topk_logprobs": torch.full((40, 8), -3.0)}
     peft_model.train()
-    loss = C.sample_loss(peft_model, sample, layout, period=10)
+    loss, _ = C.sample_loss(peft_model, sample, layout, period=10)
     loss.backward()
     grads = {name.split(".lora_")[0].rsplit(".", 1)[-1] for name, p in peft_model.named_parameters()
              if p.grad is not None}

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "train_compressibility.py"
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", WANDB_SILENT="true")
 SMALL = ["--target", "testbed-lm", "--drafter", "testbed-lm", "--train-prompts", "2", "--steps", "4", "--grad-accum", "1", "--input-tokens", "1024",
-         "--continuation-tokens", "16", "--eval-prompts", "1", "--eval-new-tokens", "16", "--budgets", "0.25",
+         "--continuation-tokens", "16", "--eval-prompts", "1", "--eval-new-tokens", "16", "--eval-budgets", "0.25",
          "--temperatures", "0", "--checkpoint-every", "1"]
 
 

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "train_compressibility.py"
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", WANDB_SILENT="true")
 SMALL = ["--target", "testbed-lm", "--drafter", "testbed-lm", "--train-prompts", "2", "--steps", "3", "--grad-accum", "1", "--input-tokens", "1024",
-         "--continuation-tokens", "16", "--eval-prompts", "1", "--eval-new-tokens", "16", "--budgets", "0.25",
+         "--continuation-tokens", "16", "--eval-prompts", "1", "--eval-new-tokens", "16", "--eval-budgets", "0.25",
          "--temperatures", "0", "--checkpoint-every", "1"]
 
 
@@ -23,7 +23,7 @@ def test_small_run_then_adapter_in_evaluate(tmp_path):
     out = tmp_path / "run"
     res = script(*SMALL, "--output-dir", str(out))
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "| temperature | policy | budget | AL untrained | AL trained | change |" in res.stdout
+    assert "| prompts | temperature | policy | budget | AL untrained | AL trained | change |" in res.stdout
     results = json.loads((out / "results.json").read_text())
     assert {(r["policy"], r["budget_fraction"]) for r in results["rows"]} == {
         ("full", None), ("rift-stat", 0.25), ("rift-dyn", 0.25)}
@@ -39,9 +39,15 @@ def test_small_run_then_adapter_in_evaluate(tmp_path):
 
 
 def test_bad_input_is_clear(tmp_path):
-    res = script("--ratio-min", "0", "--output-dir", str(tmp_path))
-    assert res.returncode == 2 and "ratio range" in res.stderr and "Traceback" not in res.stderr
-    res = script("--ratio-max", "1.5", "--output-dir", str(tmp_path))
-    assert res.returncode == 2 and "ratio range" in res.stderr
+    res = script("--budgets", "0", "0.5", "--output-dir", str(tmp_path))
+    assert res.returncode == 2 and "--budgets are fractions" in res.stderr and "Traceback" not in res.stderr
+    res = script("--eval-budgets", "1.5", "--output-dir", str(tmp_path))
+    assert res.returncode == 2 and "--eval-budgets are fractions" in res.stderr
+    res = script("--dense-share", "1.5", "--output-dir", str(tmp_path))
+    assert res.returncode == 2 and "--dense-share is a share" in res.stderr
+    res = script("--lora-layers", "7", "--steps", "1", "--train-prompts", "1", "--input-tokens", "1024",
+                 "--continuation-tokens", "4", "--target", "testbed-lm", "--drafter", "testbed-lm",
+                 "--output-dir", str(tmp_path / "layers"))
+    assert res.returncode == 2 and "LoRA layers [7]" in res.stderr and "Traceback" not in res.stderr
     res = script("--targets", str(tmp_path / "missing"), "--output-dir", str(tmp_path))
     assert res.returncode == 2 and "no target outputs" in res.stderr and "Traceback" not in res.stderr

@@ -25,7 +25,8 @@ def train_adapter(args, folder: Path) -> Path:
             "--steps", str(args.train_steps), "--checkpoint-every", str(args.train_steps), "--seed", str(args.seed),
             "--draft-length", str(args.draft_length), "--period", str(args.period), "--wandb-mode", "disabled",
             # its own evaluation table is not used here (figures 2 and 5 are): keep it minimal
-            "--eval-prompts", "1", "--eval-new-tokens", "8", "--budgets", "0.25", "--temperatures", "0"]
+            "--eval-prompts", "1", "--eval-new-tokens", "8", "--eval-budgets", "0.25", "--temperatures", "0",
+            "--eval-every", "0"]
     if args.dtype:
         argv += ["--dtype", args.dtype]
     if args.device_map:

@@ -56,15 +56,10 @@ def score(model, samples: list[dict], budget: float | None) -> dict:
         p = len(s["prompt_ids"])
         masks = None
         if budget is not None:
-            layout = C.sample_layout(p, (budget,), random.Random(0))
-            masks = C.build_masks(ids.shape[1], p, C.selections(C.dense_capture(model, ids), p, ids.shape[1], layout),
-                                  layout.tail_keep, ids.device)
+            masks = C.compressed_masks(model, ids, p, C.sample_layout(p, (budget,), random.Random(0)))
         with torch.no_grad():
-            logits = C.continuation_logits(model, ids, masks, p).float().cpu()
-        q = torch.softmax(logits, -1)
-        pt = s["topk_logprobs"].float().exp()
-        a = torch.minimum(pt, q.gather(-1, s["topk_ids"])).sum(-1)
-        t = (q.argmax(-1) == s["topk_ids"][:, 0]).float()
+            logits = C.continuation_logits(model, ids, masks, p).cpu()
+        a, t = C.position_acceptance(logits, s["topk_ids"], s["topk_logprobs"])
         half = len(a) // 2
         accept.append(a.mean())
         top1.append(t.mean())

@@ -256,7 +256,8 @@ def _main(args, device: str) -> int:
 
     # The table: untrained vs trained drafter on held-out prompts, same prompts and seeds; one state unit per row.
     # Under torchrun every process evaluates its share of the prompts of every row (evaluate() gathers).
-    rows = [r for name, ids in eval_sets.items() for r in evaluate_table(pair, base, student, ids, args, state, name)]
+    drafters = {"untrained": eval_drafter(base), "trained": eval_drafter(student)}
+    rows = [r for name, ids in eval_sets.items() for r in evaluate_table(pair, drafters, ids, args, state, name)]
     if not main:
         return 0
     table = format_table(rows)
@@ -375,10 +376,11 @@ def heldout_al(pair, drafter, prompts, args) -> dict:
     return point
 
 
-def evaluate_table(pair, base, student, eval_ids, args, state, prompts: str = "stdlib-eval") -> list[dict]:
+def evaluate_table(pair, drafters: dict, eval_ids, args, state, prompts: str = "stdlib-eval") -> list[dict]:
+    """The table's rows for one prompt set: AL of ``drafters["untrained"]`` and ``["trained"]`` (from
+    :func:`eval_drafter`) for every temperature, policy and budget."""
     configs = [("full", None)] + [(pol, frac) for frac in args.eval_budgets for pol in ("rift-stat", "rift-dyn")]
     settings = {k: getattr(args, k) for k in ("eval_prompts", "eval_new_tokens", "draft_length", "eval_task")}
-    drafters = {"untrained": eval_drafter(base), "trained": eval_drafter(student)}
 
     def row(temp, pol_name, frac):
         budget = None if frac is None else budget_tokens(eval_ids, frac)

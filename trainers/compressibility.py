@@ -211,7 +211,25 @@ def build_masks(total_len: int, prompt_len: int, layer_selections, window: int, 
     return masks
 
 
+def compressed_masks(model, ids: torch.Tensor, prompt_len: int, layout: CacheLayout,
+                     period: int | None = None) -> list[torch.Tensor]:
+    """``model``'s own selection on ``ids`` (one dense pass; RIFT-stat, or RIFT-dyn every ``period`` tokens) as the
+    per-layer masks of what its compressed cache shows each continuation token."""
+    n = ids.shape[1]
+    sels = selections(dense_capture(model, ids), prompt_len, n, layout, period)
+    return build_masks(n, prompt_len, sels, layout.tail_keep, ids.device)
+
+
 # --- 4. loss ------------------------------------------------------------------------------------------------------------
+def position_acceptance(draft_logits: torch.Tensor, topk_ids: torch.Tensor,
+                        topk_logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per position: a = sum(min(p, q)) on the target's top-k support (temperature 1's acceptance probability, a
+    lower bound) and whether the draft's argmax is the target's (temperature 0's acceptance)."""
+    logq = torch.log_softmax(draft_logits.float(), -1)
+    accept = torch.minimum(topk_logprobs.float().exp(), logq.gather(-1, topk_ids).exp()).sum(-1)
+    return accept, (logq.argmax(-1) == topk_ids[:, 0]).float()
+
+
 def acceptance_loss(draft_logits: torch.Tensor, topk_ids: torch.Tensor, topk_logprobs: torch.Tensor,
                     accept_weight: float = 0.0, tv_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
     """Acceptance-aware distillation loss and what it is judged by.
@@ -230,11 +248,10 @@ def acceptance_loss(draft_logits: torch.Tensor, topk_ids: torch.Tensor, topk_log
     p_rest = (1 - p_top.exp().sum(-1)).clamp_min(1e-8)
     q_rest = (1 - q_top.exp().sum(-1)).clamp_min(1e-8)
     kl = (p_top.exp() * (p_top - q_top)).sum(-1) + p_rest * (p_rest.log() - q_rest.log())
-    accept = torch.minimum(p_top.exp(), q_top.exp()).sum(-1)
+    accept, top1 = position_acceptance(draft_logits, topk_ids, topk_logprobs)
     w = 1 + accept_weight * (1 - accept.detach())
     loss = (w * kl).sum() / w.sum() + tv_weight * (1 - accept).mean()
-    top1 = (logq.argmax(-1) == topk_ids[:, 0]).float().mean()
-    return loss, {"kl": kl.mean().item(), "accept": accept.mean().item(), "top1": top1.item()}
+    return loss, {"kl": kl.mean().item(), "accept": accept.mean().item(), "top1": top1.mean().item()}
 
 
 def topk_kl(draft_logits: torch.Tensor, topk_ids: torch.Tensor, topk_logprobs: torch.Tensor) -> torch.Tensor:
@@ -287,9 +304,7 @@ def sample_loss(model, sample: dict, layout: CacheLayout | None, period: int | N
     masks = None
     if layout is not None:
         with model.disable_adapter():
-            cache = dense_capture(model, ids)
-        masks = build_masks(ids.shape[1], p, selections(cache, p, ids.shape[1], layout, period), layout.tail_keep,
-                            device)
+            masks = compressed_masks(model, ids, p, layout, period)
     logits = continuation_logits(model, ids, masks, p)
     return acceptance_loss(logits, sample["topk_ids"].to(device), sample["topk_logprobs"].to(device), accept_weight,
                            tv_weight)

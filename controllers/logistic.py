@@ -1,4 +1,5 @@
-"""Fitting the logistic refresh controller with scikit-learn on counterfactual labels.
+"""Fitting the logistic refresh controller with scikit-learn on refresh labels
+(the oracle's decisions over replay tables: ``rift_ada.trainers.oracle_labels``).
 
 The fitted, standardised model folds into one weight vector and a bias: a ``rift_ada.refresh.LogisticController``,
 which decides and saves without scikit-learn.
@@ -11,8 +12,10 @@ import numpy as np
 from rift_ada.refresh import LogisticController
 
 
-def fit_logistic(X: np.ndarray, y: np.ndarray, C: float = 1.0, seed: int = 0, **kw) -> LogisticController:
-    """Fit on signal vectors ``X`` and labels ``y`` (1 = refreshing at that state paid off). ``kw`` go to the
+def fit_logistic(X: np.ndarray, y: np.ndarray, C: float = 1.0, seed: int = 0, sample_weight=None,
+                 **kw) -> LogisticController:
+    """Fit on signal vectors ``X`` and labels ``y`` (1 = refreshing at that state paid off), each state weighted by
+    ``sample_weight`` if given. ``kw`` go to the
     controller (``threshold``, ``min_gap``). The scikit-learn pipeline stays on ``.sklearn_model`` for parity
     checks; it is never saved."""
     from sklearn.linear_model import LogisticRegression
@@ -21,9 +24,9 @@ def fit_logistic(X: np.ndarray, y: np.ndarray, C: float = 1.0, seed: int = 0, **
 
     X, y = np.asarray(X, dtype=np.float64), np.asarray(y).astype(int)
     if len(np.unique(y)) < 2:
-        raise ValueError("the counterfactual labels hold a single class: collect more data or change the margin")
+        raise ValueError("the labels hold a single class: label more states, or change the refresh price")
     pipe = make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=1000, random_state=seed))
-    pipe.fit(X, y)
+    pipe.fit(X, y, logisticregression__sample_weight=sample_weight)
     scaler, lr = pipe[0], pipe[1]
     w = lr.coef_[0] / scaler.scale_
     b = float(lr.intercept_[0] - (lr.coef_[0] * scaler.mean_ / scaler.scale_).sum())

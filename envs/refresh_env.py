@@ -34,19 +34,33 @@ from rift_ada.speculative import SpeculativeDecoder
 REWARDS = ("tokens", "time")
 
 
+def check_reward(lam: float, refresh_cost: float, reward: str, costs) -> None:
+    """ValueError (one line) for reward settings an environment cannot use."""
+    if lam < 0 or refresh_cost < 0:
+        raise ValueError("lam and refresh_cost must be >= 0")
+    if reward not in REWARDS:
+        raise ValueError(f"reward must be one of {', '.join(REWARDS)}, got {reward!r}")
+    if reward == "time" and not isinstance(costs, CostModel):
+        raise ValueError("reward='time' needs costs=CostModel(...) (measure them once with "
+                         "rift_ada.costs.measure_costs)")
+
+
+def round_reward(rec, kind: str, k: int, lam: float, refresh_cost: float, costs: CostModel | None) -> float:
+    """A round's reward (module docstring), from its record (a ``RoundRecord`` or a replayed round): the one
+    definition RefreshEnv and ReplayEnv share."""
+    if kind == "time":
+        plain = costs.round_seconds(k, False)
+        return float(rec.emitted - costs.round_seconds(rec.draft_length, rec.refreshed, lam) / plain)
+    return float(rec.accepted - (lam * refresh_cost if rec.refreshed else 0.0))
+
+
 class RefreshEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]], max_new_tokens: int = 256,
                  lam: float = 1.0, refresh_cost: float = 2.0, reward: str = "tokens", costs: CostModel | None = None):
         super().__init__()
-        if lam < 0 or refresh_cost < 0:
-            raise ValueError("lam and refresh_cost must be >= 0")
-        if reward not in REWARDS:
-            raise ValueError(f"reward must be one of {', '.join(REWARDS)}, got {reward!r}")
-        if reward == "time" and not isinstance(costs, CostModel):
-            raise ValueError("reward='time' needs costs=CostModel(...) (measure them once with "
-                             "rift_ada.costs.measure_costs)")
+        check_reward(lam, refresh_cost, reward, costs)
         if not prompts:
             raise ValueError("RefreshEnv needs at least one prompt")
         if not decoder.layout.refreshable:
@@ -84,11 +98,7 @@ class RefreshEnv(gym.Env):
 
     def reward(self, rec) -> float:
         """The reward of round ``rec`` (a ``RoundRecord``) under this env's reward and lambda (module docstring)."""
-        if self.reward_kind == "time":
-            c = self.costs
-            plain = c.round_seconds(self.decoder.k, False)
-            return float(rec.emitted - c.round_seconds(rec.draft_length, rec.refreshed, self.lam) / plain)
-        return float(rec.accepted - (self.lam * self.refresh_cost if rec.refreshed else 0.0))
+        return round_reward(rec, self.reward_kind, self.decoder.k, self.lam, self.refresh_cost, self.costs)
 
     def _info(self, rec) -> dict:
         rounds = self.decoder.result.rounds

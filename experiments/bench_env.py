@@ -1,7 +1,9 @@
-"""Environment steps per second of the refresh environment, one process against one worker process per env.
+"""Environment steps per second of the refresh environment, one process against one worker process per env, and of
+the replay environment over tables.
 
     python experiments/bench_env.py                         # testbed, 1K-token low prompts, 1 / 2 / 4 envs
     python experiments/bench_env.py --envs 2 --vec subproc --steps 400
+    python experiments/bench_env.py --replay-tables runs/controller/tables --envs 1 8 --steps 100000   # replay
 
 One environment step is one speculation round (drafting k tokens, one target verify, a refresh when the action says
 so). Every configuration steps the same envs (RefreshEnvSpec, seeds 0..n-1) with the same action rule (refresh
@@ -44,6 +46,29 @@ def bench(specs, subproc: bool, steps: int, refresh_every: int) -> dict:
             "steps_per_second": done_steps / seconds, "startup_seconds": startup}
 
 
+def bench_replay(tables, n: int, steps: int, refresh_every: int) -> dict:
+    """``n`` ReplayEnvs over ``tables`` in SB3's DummyVecEnv (what PPO and DQN step) until ``steps`` env steps."""
+    import numpy as np
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from rift_ada.envs import ReplayEnv
+
+    t0 = time.perf_counter()
+    venv = DummyVecEnv([lambda: ReplayEnv(tables) for _ in range(n)])
+    venv.seed(0)
+    venv.reset()
+    startup = time.perf_counter() - t0
+    done_steps, rounds = 0, np.zeros(n, dtype=int)
+    t0 = time.perf_counter()
+    while done_steps < steps:
+        _, _, dones, _ = venv.step((rounds % refresh_every == 0).astype(int))
+        rounds = np.where(dones, 0, rounds + 1)
+        done_steps += n
+    seconds = time.perf_counter() - t0
+    return {"envs": n, "vec": "replay (dummy)", "env_steps": done_steps, "seconds": seconds,
+            "steps_per_second": done_steps / seconds, "startup_seconds": startup}
+
+
 def main(argv=None) -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_options(p, drafter="testbed")
@@ -57,6 +82,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=240, help="env steps per configuration (all envs together)")
     p.add_argument("--refresh-every", type=int, default=8, help="each env refreshes every n-th round")
     p.add_argument("--output", default=None, help="also write the rows here (JSON)")
+    p.add_argument("--replay-tables", default=None,
+                   help="a folder of replay tables (one setting): bench the replay environment over them instead")
     add_runtime_options(p)
     args = p.parse_args(argv)
     require_positive(p, args, ("steps", "refresh_every", "draft_length", "max_new_tokens"))
@@ -65,6 +92,16 @@ def main(argv=None) -> int:
     try:
         apply_runtime(args)
         check_output(args.output)
+        if args.replay_tables:
+            from pathlib import Path
+
+            from rift_ada.replay import ReplayTable
+
+            tables = [ReplayTable.load(f) for f in sorted(Path(args.replay_tables).glob("*.safetensors"))]
+            if not tables:
+                raise FileNotFoundError(f"no replay tables (*.safetensors) in {args.replay_tables}")
+            rows = [bench_replay(tables, n, args.steps, args.refresh_every) for n in args.envs]
+            return report(rows, args)
         layout = policy_from_args(args, "rift-ada", controller="never").layout
         from rift_ada.data import encode_prompts
         from rift_ada.envs.vec import RefreshEnvSpec, shared_pair
@@ -82,6 +119,10 @@ def main(argv=None) -> int:
                 print(f"{vec} x{n}: {r['steps_per_second']:.1f} env steps/s", file=sys.stderr)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         return fail(e)
+    return report(rows, args)
+
+
+def report(rows: list, args) -> int:
     base = rows[0]["steps_per_second"]
     print(f"| vec env | envs | env steps/s | vs {rows[0]['vec']} x{rows[0]['envs']} | start-up s |")
     print("|---|---|---|---|---|")

@@ -1,22 +1,21 @@
-"""The main job's learned controller with one ingredient taken away at a time: controller files for an ablation.
+"""Which signals carry across code bases: the main job's tree refitted with groups of signals hidden, each judged on
+the code bases it trained on, on each training code base left out in turn, and on the held-out code base, in replay.
 
-    python experiments/controller_ablation.py --run runs/controller --out runs/ablation
-    python experiments/heldout_controller.py --controller runs/controller/controller.json \
-        --compare runs/ablation/*.json --source-dir DIR
+    python experiments/controller_ablation.py --run runs/controller      # about 15 minutes: replay only
 
-Refits on the counterfactual data a finished (or resumed) main job stored in ``<run>/state`` and writes one
-controller file per variant, each at the decision level of the exported controller:
+Takes the replay tables a finished (or resumed) main job built (``<run>/tables``: ``train-*`` from its training
+code bases, ``heldout-*`` from its held-out one; ``--heldout-tables DIR`` replaces the latter), refits the tree on
+the oracle's decisions (the job's recipe: ``rift_ada.trainers.oracle_labels.imitate``) per variant, and replays each
+variant and periodic refresh:
 
-| file | what changes |
-|---|---|
-| `tree.json` | nothing: the main job's recipe (tree, 'wait' labels, every signal) |
-| `tree-no-readahead.json` | the read-ahead signals (runway, focus) are hidden from the fit |
-| `tree-now-label.json` | labels ask 'refresh now versus never' instead of 'now versus a round later' |
-| `logistic.json` | a logistic model instead of the tree (same labels and signals) |
-| `logistic-no-readahead.json` | both of the above |
+- ``train``: fitted on every training table, replayed on them (what it learned);
+- ``cv``: leave one code base out: fitted on the others' tables, replayed on its own, pooled over the code bases
+  (whether it carries to code it never saw, measured without the held-out code base: the one to decide with);
+- ``heldout``: fitted on every training table, replayed on the held-out code base's tables (the report).
 
-``heldout_controller.py --compare`` then decodes them all on the same prompts and seeds. A hidden signal is a
-constant column during the fit, so no split (and no weight) can use it; the file still reads the full observation.
+A hidden signal is a constant column during the fit, so no split can use it. Per variant and column it reports the
+refresh savings against periodic at matched AL (best decision level) and the AL and refreshes per 1K there.
+Writes ``<out>/ablation.json``.
 """
 
 from __future__ import annotations
@@ -30,63 +29,127 @@ import numpy as np
 
 from rift_ada.cli import ArgumentParser, fail
 
-READ_AHEAD = ("runway", "focus")
-
-
-def load_data(run: Path):
-    from rift_ada import signals
-
-    units = sorted((run / "state").glob("counterfactual-*.json"))
-    if not units:
-        raise FileNotFoundError(f"{run}/state holds no counterfactual data: run experiments/train_controller.py first")
-    parts = [json.loads(u.read_text()) for u in units]
-    config = json.loads((run / "state" / "config.json").read_text())
-    X = np.asarray([x for p in parts for x in p["X"]], dtype=np.float32).reshape(-1, len(signals.NAMES))
-    gain = np.asarray([g for p in parts for g in p["gain"]])
-    wait = np.asarray([g for p in parts for g in p["wait"]])
-    return X, gain, wait, config
+# Variant name -> the signals it hides.
+GROUPS = {
+    "all signals": (),
+    "no drift (raw)": ("drift",),
+    "no drift at all": ("drift", "drift_rise"),
+    "no read-ahead": ("runway", "focus"),
+    "no entropy": ("entropy_mean", "entropy_max"),
+    "no relative signals": ("acc_fresh", "acc_drop", "drift_rise"),
+    "relative only": ("drift", "entropy_mean", "entropy_max", "acc_1", "acc_2", "acc_3", "acc_4", "acc_mean"),
+    "no position": ("position",),
+}
 
 
 def main(argv=None) -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", default="runs/controller", help="a main job's --output-dir")
-    p.add_argument("--out", default="runs/ablation", help="folder for the controller files")
+    p.add_argument("--heldout-tables", default=None, help="a folder of held-out tables (instead of <run>'s)")
+    p.add_argument("--out", default="runs/ablation")
+    p.add_argument("--decisions", type=float, nargs="+", default=[0.2, 0.3, 0.4, 0.5, 0.6])
+    p.add_argument("--periods", type=int, nargs="+", default=[16, 24, 32, 48, 64, 96, 128])
+    p.add_argument("--episodes", type=int, default=8, help="replays per table and point (sampling)")
+    p.add_argument("--variants", nargs="*", default=list(GROUPS), help=f"of: {', '.join(GROUPS)}")
     args = p.parse_args(argv)
     try:
-        X, gain, wait, config = load_data(Path(args.run))
-    except (FileNotFoundError, ValueError, KeyError) as e:
+        from rift_ada.replay import ReplayTable
+
+        run = Path(args.run)
+        config = json.loads((run / "state" / "config.json").read_text())
+        opts = config.get("options", config)
+        train = [ReplayTable.load(f) for f in sorted((run / "tables").glob("train-*.safetensors"))]
+        held = Path(args.heldout_tables) if args.heldout_tables else run / "tables"
+        pattern = "*.safetensors" if args.heldout_tables else "heldout-*.safetensors"
+        heldout = [ReplayTable.load(f) for f in sorted(held.glob(pattern))]
+        if not train or not heldout:
+            raise FileNotFoundError(f"no replay tables in {run / 'tables'} (or {held}): run the main job first")
+        unknown = [v for v in args.variants if v not in GROUPS]
+        if unknown:
+            raise ValueError(f"unknown variant(s) {unknown}; choose among {list(GROUPS)}")
+    except (FileNotFoundError, ValueError, OSError) as e:
         return fail(e)
-    from rift_ada import signals
-    from rift_ada.controllers import fit_logistic, fit_tree
-    from rift_ada.trainers.counterfactual import CounterfactualData
-
-    from controller_job.stages import TREE_IGNORES
-
-    opts = config.get("options", config)
-    margin = opts.get("label_margin")
-    margin = opts.get("refresh_cost", 2.0) if margin is None else margin
-    data = CounterfactualData(X, gain, opts.get("horizon", 4), wait)
-    hidden = X.copy()
-    hidden[:, [signals.index(n) for n in READ_AHEAD]] = 0.0
-    exported = json.loads((Path(args.run) / "metrics.json").read_text())["best"] if (
-        Path(args.run) / "metrics.json").exists() else {"family": "tree", "knob": 0.5}
-    level = float(exported["knob"])
-    depth = opts.get("tree_depth", 3)
-    tree = dict(max_depth=depth, ignore=TREE_IGNORES, decision=level)
-    variants = {
-        "tree": lambda: fit_tree(X, data.labels(margin, "wait"), **tree),
-        "tree-no-readahead": lambda: fit_tree(hidden, data.labels(margin, "wait"), **tree),
-        "tree-now-label": lambda: fit_tree(X, data.labels(margin, "now"), **tree),
-        "logistic": lambda: fit_logistic(X, data.labels(margin, "wait"), threshold=level),
-        "logistic-no-readahead": lambda: fit_logistic(hidden, data.labels(margin, "wait"), threshold=level),
-    }
+    results = ablate(train, heldout, opts, args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, fit in variants.items():
-        ctrl = fit()
-        ctrl.save(out / f"{name}.json")
-        print(f"{out / name}.json: {ctrl.kind}, decision level {level:g}")
+    (out / "ablation.json").write_text(json.dumps({"options": vars(args), "results": results}, indent=1))
+    print(f"\n{len(train)} training tables, {len(heldout)} held-out tables; refresh savings vs periodic at matched AL "
+          "(best level) and the tree's AL / refreshes per 1K there")
+    print("| variant | training code bases | each left out (cv) | held-out code base |")
+    print("|---|---|---|---|")
+    for name, r in results.items():
+        print(f"| {name} | {cell(r['train'])} | {cell(r['cv'])} | {cell(r['heldout'])} |")
     return 0
+
+
+def cell(r: dict) -> str:
+    best = r["best"]
+    if best is None:
+        return "no saving"
+    return f"{100 * best['refresh_savings']:.1f}% (AL {best['acceptance_length']:.2f} at {best['refreshes_per_1k']:.1f})"
+
+
+def ablate(train, heldout, opts, args) -> dict:
+    from dataclasses import replace
+
+    from rift_ada import signals
+    from rift_ada.controllers import fit_tree
+    from rift_ada.refresh import PeriodicController
+    from rift_ada.replay.oracle import solve
+    from rift_ada.replay.process import merge_tables, replay_counts
+    from rift_ada.tradeoff import matched_comparison
+    from rift_ada.trainers.oracle_labels import imitate
+
+    k, price = opts.get("draft_length", 11), opts.get("label_price", 4.0)
+    sources = len(str(opts.get("train_sources", "x")).split(","))
+    source = [i % sources for i in range(len(train))]  # the main job interleaves its prompts by code base
+    policies = [solve(t, k, price) for t in train]
+    baseline = {name: [{"family": "periodic", "knob": n, **replay_counts(tabs, PeriodicController(n), k, args.episodes)}
+                       for n in args.periods] + [{"family": "never", "knob": "-",
+                                                  **replay_counts(tabs, None, k, args.episodes)}]
+                for name, tabs in (("train", train), ("heldout", heldout))}
+    baseline["cv"] = baseline["train"]  # the left-out tables together are the training tables
+
+    def fitted(variant, idx):
+        hidden = [signals.index(s) for s in GROUPS[variant]]
+
+        def fit(X, y, w):
+            X = np.array(X, dtype=np.float32)
+            X[:, hidden] = 0.0
+            return fit_tree(X, y, max_depth=opts.get("tree_depth", 6), min_samples_leaf=50, seed=opts.get("seed", 0),
+                            ignore=("position",), sample_weight=w)
+
+        return imitate([train[i] for i in idx], fit, k, price, opts.get("dagger_rounds", 2),
+                       opts.get("label_episodes", 4), tuple(opts.get("behaviour_periods", (16, 192))),
+                       seed=opts.get("seed", 0), policies=[policies[i] for i in idx]).controller
+
+    def summarize(name, tree_rows):
+        rows = baseline[name] + tree_rows
+        matched_comparison(rows)
+        saving = [r for r in tree_rows if r["refresh_savings"] is not None]
+        best = max(saving, key=lambda r: r["refresh_savings"]) if saving else None
+        return {"rows": [{k2: v for k2, v in r.items() if k2 != "per_prompt"} for r in rows],
+                "best": None if best is None else {k2: best[k2] for k2 in (
+                    "knob", "acceptance_length", "refreshes_per_1k", "refresh_savings")}}
+
+    out = {}
+    for variant in args.variants:
+        every = fitted(variant, range(len(train)))
+        out[variant] = {"hidden": list(GROUPS[variant]), "rules": every.describe()}
+        for name, tabs in (("train", train), ("heldout", heldout)):
+            out[variant][name] = summarize(name, [{"family": "tree", "knob": lv, **replay_counts(
+                tabs, replace(every, decision=lv), k, args.episodes)} for lv in args.decisions])
+        folds = {lv: [] for lv in args.decisions}
+        for c in range(sources):
+            ctrl = fitted(variant, [i for i in range(len(train)) if source[i] != c])
+            for lv in args.decisions:
+                folds[lv].append(replay_counts([train[i] for i in range(len(train)) if source[i] == c],
+                                               replace(ctrl, decision=lv), k, args.episodes))
+        out[variant]["cv"] = summarize("cv", [{"family": "tree", "knob": lv, **merge_tables(
+            [p for f in folds[lv] for p in f["per_prompt"]])} for lv in args.decisions])
+        print(f"{variant}: train {cell(out[variant]['train'])}; cv {cell(out[variant]['cv'])}; held-out "
+              f"{cell(out[variant]['heldout'])}", file=sys.stderr)
+    return out
 
 
 if __name__ == "__main__":

@@ -1,16 +1,17 @@
-"""An exported refresh controller against periodic refresh and the hindsight oracle, on prompts of your choosing.
+"""Exported refresh controllers against periodic refresh and the oracle, on prompts of your choosing.
 
-    python experiments/heldout_controller.py --controller runs/controller/controller.json \
-        --source-dir "$(python -c 'import pip, os; print(os.path.dirname(pip.__file__))')"
+    python experiments/heldout_controller.py --controller runs/controller/controller-ppo.pt \
+        --compare runs/controller/controller-tree.json --source-dir pip --seeds 2
 
-The main job (``train_controller.py``) compares controllers on held-out prompts of the training distribution; this
-script asks whether the controller it exported still pays elsewhere: on prompts built from a code base the models
-never saw (``--source-dir``), at another temperature, on another pair. Every point is decoded with the same decoder
-settings and seeds: the full cache, never refreshing, periodic refresh at each ``--periods``, the controller file (as
-``python -m rift_ada.evaluate --policy rift-ada --controller FILE`` runs it: loaded by ``rift_ada.refresh``, neither
-scikit-learn nor stable-baselines3 imported), any ``--compare`` controllers (files, ``entropy:0.3``, ...), and the oracle at
-each ``--oracle-lams``. It prints the table and the matched comparison (refresh savings against periodic at matched
-AL, and the share of the oracle's saving each captures) and writes every number to ``--output`` (JSON).
+The main job (``train_controller.py``) sweeps its controllers on a few prompts of a held-out code base; this script
+looks closer: more prompts and seeds, another code base (``--source-dir``), temperature or pair. Every point is
+decoded with the same decoder settings and seeds: the full cache, never refreshing, periodic refresh at each
+``--periods``, the controller file (as ``python -m rift_ada.evaluate --policy rift-ada --controller FILE`` runs it:
+loaded by ``rift_ada.refresh``, neither scikit-learn nor stable-baselines3 imported), any ``--compare`` controllers
+(files, ``entropy:0.3``, ...). The oracle's points at each ``--oracle-lams`` come from replay tables of the same
+prompts and seeds (built into ``--tables-dir`` once; ``rift_ada.replay.oracle``). It prints the table and the matched
+comparison (refresh savings against periodic at matched AL, and the share of the oracle's saving at that AL each
+captures) and writes every number to ``--output`` (JSON).
 """
 
 from __future__ import annotations
@@ -32,21 +33,23 @@ def parse_args(argv=None):
                    help="more controllers to compare on the same prompts and seeds: files (each a family named by "
                         "its file name, e.g. the ablation's) or --controller spellings (periodic:N, entropy:X)")
     add_model_options(p, drafter="testbed")
-    add_cache_options(p, policy=None, budget=256)
+    add_cache_options(p, policy=None, budget=256, refresh_grid=8)
     add_decoding_options(p, max_new_tokens=1024)
+    p.set_defaults(draft_step="static", verify_step="static")
     add_task_options(p, prompts=3, input_tokens=1024, task="low,sort,high")
     p.add_argument("--seeds", type=int, default=2, help="decoder seeds per prompt and point (sampling)")
     p.add_argument("--periods", type=int, nargs="+", default=[32, 64, 128, 256])
-    p.add_argument("--oracle-lams", type=float, nargs="*", default=[4.0])
-    p.add_argument("--oracle-beam", type=int, default=2)
-    p.add_argument("--oracle-block", type=int, default=4)
+    p.add_argument("--oracle-lams", type=float, nargs="*", default=[1.0, 2.0, 4.0, 8.0, 16.0],
+                   help="the oracle's refresh prices (target rounds); none: no tables, no oracle")
+    p.add_argument("--oracle-episodes", type=int, default=16, help="replays per table and price (sampling)")
+    p.add_argument("--tables-dir", default="runs/heldout/tables", help="where the prompts' replay tables are kept")
     p.set_defaults(temperature=1.0)
     p.add_argument("--workers", type=int, default=2,
                    help="processes decoding the points side by side, each with its own copy of the pair")
     p.add_argument("--output", default=None, help="also write every number here (JSON)")
     add_runtime_options(p)
     args = p.parse_args(argv)
-    require_positive(p, args, ("seeds", "budget", "max_new_tokens", "oracle_beam", "oracle_block", "workers"))
+    require_positive(p, args, ("seeds", "budget", "max_new_tokens", "oracle_episodes", "workers"))
     if any(x < 1 for x in args.periods) or any(x < 0 for x in args.oracle_lams):
         p.error("--periods must be >= 1 and --oracle-lams >= 0")
     return args
@@ -54,13 +57,39 @@ def parse_args(argv=None):
 
 def points(args):
     from rift_ada.refresh import PeriodicController, load_controller, parse_controller
-    from rift_ada.sweep import Point, full_point, oracle_points
+    from rift_ada.sweep import Point, full_point
 
     pts = [full_point(), Point("never", "-", None)]
     pts += [Point("periodic", n, PeriodicController(n)) for n in args.periods]
     pts.append(Point("controller", args.controller, load_controller(args.controller)))
-    pts += [Point(Path(spec).stem if Path(spec).suffix else spec, "-", parse_controller(spec)) for spec in args.compare]
-    return pts + oracle_points(args.oracle_lams)
+    return pts + [Point(Path(spec).stem if Path(spec).suffix else spec, "-", parse_controller(spec))
+                  for spec in args.compare]
+
+
+def oracle_rows(args, pair, layout, decoding, prompts, seeds) -> tuple[list, list]:
+    """(point, counts) of the oracle at each --oracle-lams, replayed on the prompts' tables (one per prompt and
+    seed, the decoder's seeds: built into --tables-dir, or reused from there), and the tables."""
+    from dataclasses import replace
+
+    from rift_ada.replay import ReplayTable
+    from rift_ada.replay.build import Builder, TableSpec, build_tables, prompt_sha
+    from rift_ada.replay.oracle import oracle_counts
+    from rift_ada.sweep import oracle_points
+
+    if not args.oracle_lams:
+        return [], []
+    builder = Builder(args.target, args.drafter, layout, replace(decoding, draft_step="model", verify_step="model"),
+                      args.max_new_tokens, args.device, args.dtype, args.threads)
+    # seed-major, as rift_ada.sweep.merge_seeds lists a point's prompts (family_rows reads them so)
+    specs = [TableSpec(f"p{i:03d}-s{s}-{prompt_sha(ids)}", tuple(ids), decoding.seed + s)
+             for s in range(seeds) for i, ids in enumerate(prompts)]
+    tables = [ReplayTable.load(p) for p in build_tables(builder, specs, args.tables_dir, pair, args.workers)]
+    out = []
+    for pt in oracle_points(args.oracle_lams):
+        c = oracle_counts(tables, args.draft_length, pt.knob, args.oracle_episodes, args.seed)
+        c["per_prompt"] = [{**x, "seed": j // len(prompts)} for j, x in enumerate(c["per_prompt"])]
+        out.append((pt, c))
+    return out, tables
 
 
 def main(argv=None) -> int:
@@ -85,13 +114,23 @@ def main(argv=None) -> int:
     seeds = args.seeds if args.temperature > 0 else 1  # greedy: every seed decodes the same tokens
     t0 = time.time()
     setting = workers.Setting(args.target, args.drafter, args.device, args.dtype, args.threads, decoding)
-    units = [(f"{i}", stages.sweep_unit, (pt, layout, prompts, args.max_new_tokens, args.oracle_block,
-                                          args.oracle_beam, seeds)) for i, pt in enumerate(pts)]
+    units = [(f"{i}", stages.sweep_unit, (pt, layout, prompts, args.max_new_tokens, seeds))
+             for i, pt in enumerate(pts)]
     counts = workers.run_units(workers.MemoryState(), units, workers.Context(pair, decoding), setting, args.workers,
-                               "points", first=[f"{i}" for i, pt in enumerate(pts) if pt.family == "oracle"])
+                               "points", first=[f"{i}" for i, pt in enumerate(pts) if pt.family == "never"])
+    oracle, tables = oracle_rows(args, pair, layout, decoding, prompts, seeds)
+    pts, counts = pts + [p for p, _ in oracle], counts + [c for _, c in oracle]
     full_al = counts[0]["acceptance_length"]
     rows = [tradeoff_row(p, c, full_al) for p, c in zip(pts[1:], counts[1:])]
     summary = matched_comparison(rows)
+    replayed = []
+    if tables:  # every point again in replay on the same prompts' tables: the oracle's world, like for like
+        from rift_ada.replay.process import replay_counts
+
+        replayed = [tradeoff_row(p, c if p.family == "oracle" else replay_counts(
+            tables, p.controller, args.draft_length, args.oracle_episodes, args.seed), full_al)
+            for p, c in zip(pts[1:], counts[1:])]
+        matched_comparison(replayed)
     print(f"\n{args.target} / {args.drafter}, T = {args.temperature:g}, {len(prompts)} prompts ({args.task}"
           f"{', ' + args.source_dir if args.source_dir else ''}) x {seeds} seed(s), {args.max_new_tokens} new tokens, "
           f"budget {args.budget}: full-cache AL {full_al:.3f}")
@@ -102,6 +141,12 @@ def main(argv=None) -> int:
         print(f"| {r['family']} | {r['knob']} | {r['acceptance_length']:.3f} | {r['al_std']:.3f} | "
               f"{r['refreshes_per_1k']:.1f} | {'-' if sav is None else f'{100 * sav:.1f}%'} | "
               f"{'-' if share is None else f'{100 * share:.0f}%'} |")
+    if replayed:
+        print("\nreplayed on the same prompts' tables (expectation; the oracle's share at the same AL):")
+        for r in replayed:
+            sav, share = r.get("refresh_savings"), r.get("oracle_share")
+            print(f"| {r['family']} | {r['knob']} | {r['acceptance_length']:.3f} | {r['refreshes_per_1k']:.1f} | "
+                  f"{'-' if sav is None else f'{100 * sav:.1f}%'} | {'-' if share is None else f'{100 * share:.0f}%'} |")
     per_family = {}
     if "," in args.task and not (args.data or args.speedbench):
         from rift_ada.data import task_mix
@@ -115,7 +160,7 @@ def main(argv=None) -> int:
             sav = {k: v["refresh_savings"] for k, v in fsum.items()}
             print(f"{fam}: {line}; savings {({k: None if v is None else round(v, 3) for k, v in sav.items()})}")
     write_output(args.output, {"options": {k: v for k, v in vars(args).items()}, "full_acceptance_length": full_al,
-                               "rows": rows, "matched": summary, "per_family": per_family,
+                               "rows": rows, "matched": summary, "per_family": per_family, "replayed": replayed,
                                "seconds": time.time() - t0})
     return 0
 

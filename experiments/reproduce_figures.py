@@ -20,8 +20,8 @@ prompts, as policy_table.py does):
 4. The refresh tradeoff: AL and tokens/s (measured, and modelled from costs measured once as in
    train_controller.py) versus refreshes per 1K tokens, for periodic refresh at ``--periods``, never (= rift-stat),
    the threshold rule at ``--acc-thresholds``, the entropy rule at ``--entropy-quantiles`` of the draft entropies seen
-   in the rift-stat run, every ``--controller`` given, and with ``--oracle-lams`` the hindsight oracle
-   (rift_ada/oracle.py, as train_controller.py draws it); the % fewer refreshes than periodic at matched AL comes
+   in the rift-stat run, every ``--controller`` given, and with ``--oracle-lams`` the oracle over replay tables
+   (rift_ada.replay.oracle, as train_controller.py draws it); the % fewer refreshes than periodic at matched AL comes
    from rift_ada.tradeoff.
 5. The training table: figure 2's numbers with the relative change of AL after training.
 
@@ -91,10 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_knob_options(p.add_argument_group("tradeoff sweep (figure 4)"), periods=[16, 64], acc_thresholds=[0.5],
                      entropy_quantiles=[0.9])
     f.add_argument("--oracle-lams", type=float, nargs="*", default=[],
-                   help="figure 4: also the hindsight oracle (rift_ada/oracle.py) at these refresh prices in accepted "
-                        "tokens, e.g. 1 4 16 (default: none; each costs about 2 x --oracle-beam decodes per prompt)")
-    f.add_argument("--oracle-beam", type=int, default=2, help="oracle: branches kept at each decision")
-    f.add_argument("--oracle-block", type=int, default=4, help="oracle: rounds between decisions")
+                   help="figure 4: also the oracle (the best schedule over replay tables of the prompts, "
+                        "rift_ada.replay) at these refresh prices in target rounds, e.g. 1 4 16 (default: none; the "
+                        "tables cost about a decode each per prompt)")
     t = p.add_argument_group("compressibility-trained draft (figures 2 and 5)")
     t.add_argument("--adapter", default=None,
                    help="a LoRA adapter folder from train_compressibility.py (as rift_ada.evaluate --lora); without "
@@ -118,7 +117,7 @@ def parse_args(argv=None):
         p.set_defaults(**QUICK)
     args = p.parse_args(argv)
     require_positive(p, args, ("prompts", "input_tokens", "max_new_tokens", "draft_length", "period", "threads",
-                               "train_prompts", "train_steps", "continuation_tokens", "oracle_beam", "oracle_block"))
+                               "train_prompts", "train_steps", "continuation_tokens"))
     if any(x < 0 for x in args.oracle_lams):
         p.error("--oracle-lams must be >= 0")
     if args.budget is not None and args.budget < 1:

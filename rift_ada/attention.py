@@ -61,12 +61,30 @@ def _observer(base: str):
     def attention(module, query, key, value, attention_mask, rift_observer=None, rift_masks=None, **kwargs):
         if rift_observer is not None:
             rift_observer.observe_queries(_layer_idx(module), query, kwargs.get("position_ids"))
+            window = getattr(rift_observer, "window_mask", None)
+            window = window(_layer_idx(module), query.shape[2]) if window is not None else None
+            if window is not None:
+                attention_mask = _restrict(attention_mask, window, query.dtype, base)
         if rift_masks is not None:
             return masked_attention(module, query, key, value, rift_masks[_layer_idx(module)], base=base, **kwargs)
         return (fn or _model_eager(module))(module, query, key, value, attention_mask, **kwargs)
 
     attention.__name__ = f"{PREFIX}{base}_attention"
     return attention
+
+
+def _restrict(mask, allowed: torch.Tensor, dtype, base: str):
+    """The model's mask further limited to ``allowed`` (q, kv) bool (the RIFT cache's sliding window, which encodes
+    causality itself): a boolean mask is AND-ed, an additive one gets -inf where not allowed, none (SDPA's causal
+    shortcut) is replaced; flex attention takes it as an additive score mask instead of its BlockMask."""
+    if base != "flex_attention" and isinstance(mask, torch.Tensor):
+        if mask.dtype == torch.bool:
+            return mask & allowed
+        return mask.masked_fill(~allowed, torch.finfo(mask.dtype).min)
+    if base != "flex_attention" and mask is None:
+        return allowed[None, None]
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min)[None, None]
 
 
 def masked_attention(module, query, key, value, mask, base: str = "sdpa", **kwargs):

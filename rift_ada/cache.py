@@ -96,6 +96,9 @@ class RiftLayer(CacheLayerMixin):
         self.store_len = 0
         self._q = self._qpos = None  # (b, q_heads, cap, d) post-RoPE queries; (cap,) their positions
         self._nq = 0
+        # The sliding window each query sees once the cache is compressed (None: every stored entry, as in a prefill
+        # or a cache whose tail is never evicted): query i sees the importance part and tail positions [i - window, i].
+        self.window: int | None = None
         self.queries: torch.Tensor | None = None
         self.query_pos: torch.Tensor | None = None
 
@@ -265,20 +268,44 @@ class RiftLayer(CacheLayerMixin):
                 _shift(buf, self.n_imp, drop, self._n)
             self._set_active(self._n - drop)
 
-    def observation(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The last ``obs_window`` recorded queries (b, q_heads, w, d) and their positions (w,), or (None, None)."""
-        return observation_window(self.queries, self.query_pos, self.obs_window)
+    def observation(self, upto: int | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The last ``obs_window`` recorded queries (b, q_heads, w, d) and their positions (w,), or (None, None);
+        with ``upto``, the last of those at positions before it (a grid-aligned refresh)."""
+        if upto is None or self.queries is None:
+            return observation_window(self.queries, self.query_pos, self.obs_window)
+        n = int((self.query_pos < upto).sum())  # recorded in position order
+        return observation_window(self.queries[:, :, :n], self.query_pos[:n], self.obs_window)
 
-    def reselect(self, scorer, n_imp: int, tail_keep: int, history_k, history_v, capacity: int | None = None) -> None:
+    def window_mask(self, q: int) -> torch.Tensor | None:
+        """(q, n_active) bool: which active entries each of the ``q`` newest queries may see (the importance part, and
+        tail positions in [its position - window, its position]), after ``update`` stored them; None when that is
+        every stored entry for every query (causality among the new queries aside). Mid-round the tail holds up to
+        k tokens more than the window (eviction waits for the round's end, so a rollback never needs an evicted
+        token); masking them makes what a query sees a function of its position alone, not of where its round
+        began."""
+        if self.window is None or self.n_tail <= self.window + 1:
+            return None
+        device = self._k.device
+        pos_q = torch.arange(self.length - q, self.length, device=device)[:, None]
+        pos_t = torch.arange(self.length - self.n_tail, self.length, device=device)[None]
+        tail = (pos_t <= pos_q) & (pos_t >= pos_q - self.window)
+        return torch.cat([tail.new_ones(q, self.n_imp), tail], dim=-1)
+
+    def reselect(self, scorer, n_imp: int, tail_keep: int, history_k, history_v, capacity: int | None = None,
+                 upto: int | None = None) -> None:
         """Rebuild ``[importance | tail]`` from the full history: the last ``tail_keep`` tokens form the tail; the
         best ``n_imp`` of the earlier positions (per KV head) form the importance part. ``capacity``: the active
         buffers' size from now on (a fixed budget's: the same at every refresh and context length, so a compiled
-        step keeps its one graph); by default what the selection needs plus ``ROUND_SLACK``."""
+        step keeps its one graph); by default what the selection needs plus ``ROUND_SLACK``. ``upto``: score the
+        history as it stood at that length (its observation queries, and candidates before its window: a
+        grid-aligned refresh, ``CacheLayout.refresh_grid``); the tail kept is still the newest ``tail_keep``."""
         L = self.length
         # A history shorter than the budget: the importance part takes the oldest positions (the window policy's
         # sinks among them) rather than leaving them in the tail, from which they would later be evicted.
         tail_keep = min(tail_keep, max(L - n_imp, 0))
-        pos = select_importance(scorer, history_k, L, n_imp, tail_keep, *self.observation())
+        t = L if upto is None else min(upto, L)
+        candidates_end = min(t - min(tail_keep, max(t - n_imp, 0)), L - tail_keep)
+        pos = select_importance(scorer, history_k, t, n_imp, t - candidates_end, *self.observation(t))
         imp_k = gather_positions(history_k, pos).to(self.device, self.dtype)
         imp_v = gather_positions(history_v, pos).to(self.device, self.dtype)
         # The tail may be a view of the active buffers themselves (compress() scores the prefilled entries): copied
@@ -368,6 +395,7 @@ class RiftCache(Cache):
         self.kv_layers = [layer for layer in layers if isinstance(layer, (RiftLayer, SlidingLayer))]
         self.state_layers = [layer for layer in layers if isinstance(layer, StateLayer)]
         self._reference_queries: list[torch.Tensor] | None = None
+        self.prompt_len: int | None = None  # the length compress() ran at: the origin of the refresh grid
 
     @classmethod
     def for_config(cls, config, layout: CacheLayout, store_device: str | torch.device | None = None,
@@ -384,6 +412,11 @@ class RiftCache(Cache):
         layer = self.layers[layer_idx]
         if isinstance(layer, RiftLayer):  # sliding layers are never scored: their queries are not needed
             layer.observe(query, positions)
+
+    def window_mask(self, layer_idx: int, q: int) -> torch.Tensor | None:
+        """``RiftLayer.window_mask`` of that layer (None for the other kinds: their own masks are exact)."""
+        layer = self.layers[layer_idx]
+        return layer.window_mask(q) if isinstance(layer, RiftLayer) else None
 
     def load_from(self, cache: Cache) -> None:
         """Take keys and values of a prefilled target cache (self-speculation: one prefill serves both models)."""
@@ -403,6 +436,8 @@ class RiftCache(Cache):
         if lay.compress:
             for layer in self.rift_layers:
                 layer.reselect(self.scorer, lay.n_imp, lay.tail_keep, layer.keys, layer.values, self._capacity())
+                layer.window = lay.tail_limit
+        self.prompt_len = self.length if self.kv_layers else None
         self._trim_sliding()
         self._remember_queries()
 
@@ -412,10 +447,19 @@ class RiftCache(Cache):
         if not self.layout.refreshable:
             raise RuntimeError(f"a {self.layout.describe()} cache without a backing store cannot refresh: use a "
                                "rift layout with store=True (policies rift-dyn / rift-ada)")
+        upto = self.refresh_point()
         for layer in self.rift_layers:
             layer.reselect(self.scorer, self.layout.n_imp, layer.n_tail, layer.store_k, layer.store_v,
-                           self._capacity())
-        self._remember_queries()
+                           self._capacity(), upto)
+        self._remember_queries(upto)
+
+    def refresh_point(self) -> int:
+        """The history length a refresh now scores: the current one, or the last point of the refresh grid
+        (``CacheLayout.refresh_grid`` generated positions after the prompt)."""
+        grid, length = self.layout.refresh_grid, self.length
+        if grid == 1 or self.prompt_len is None:
+            return length
+        return self.prompt_len + (length - self.prompt_len) // grid * grid
 
     def _capacity(self) -> int | None:
         """Active slots per RIFT layer under a fixed budget: importance + window + one round in flight."""
@@ -454,14 +498,14 @@ class RiftCache(Cache):
                 layer.evict_tail()
 
     # --- signals and accounting -----------------------------------------------------------------------------------
-    def _mean_queries(self) -> list[torch.Tensor] | None:
-        obs = [layer.observation()[0] for layer in self.rift_layers]
+    def _mean_queries(self, upto: int | None = None) -> list[torch.Tensor] | None:
+        obs = [layer.observation(upto)[0] for layer in self.rift_layers]
         if not obs or any(q is None for q in obs):
             return None
         return [torch.nn.functional.normalize(q.float().mean(2), dim=-1) for q in obs]
 
-    def _remember_queries(self) -> None:
-        self._reference_queries = self._mean_queries()
+    def _remember_queries(self, upto: int | None = None) -> None:
+        self._reference_queries = self._mean_queries(upto)  # the queries the selection was scored with
 
     def query_drift(self) -> float:
         """1 - cosine between the mean recent observation query and the one used at the last scoring, averaged over
@@ -512,5 +556,5 @@ class RiftCache(Cache):
         return (self.rift_layers or self.kv_layers)[0].n_active
 
     def clone(self) -> "RiftCache":
-        """An independent copy (for counterfactual forks)."""
+        """An independent copy."""
         return copy.deepcopy(self)

@@ -96,7 +96,8 @@ def add_model_options(parser: argparse.ArgumentParser, drafter: str = "self", de
 
 
 def add_cache_options(parser: argparse.ArgumentParser, policy: str | None = "rift-stat", budget: int | None = 512,
-                      budget_help: str = "active draft KV budget in tokens (default: %(default)s)") -> None:
+                      budget_help: str = "active draft KV budget in tokens (default: %(default)s)",
+                      refresh_grid: int = 1) -> None:
     """The draft cache: ``--policy`` (omit with ``policy=None``: scripts that sweep policies), the layout's knobs and
     ``--period`` / ``--controller``. :func:`policy_from_args` turns them into a :class:`~rift_ada.policies.Policy`."""
     from .policies import POLICIES
@@ -119,6 +120,10 @@ def add_cache_options(parser: argparse.ArgumentParser, policy: str | None = "rif
     g.add_argument("--pooling", default="max", help="snapkv pooling: max, avg or none")
     g.add_argument("--lookahead", type=int, default=64,
                    help="extend snapkv scores this many tokens forward (0 = plain SnapKV)")
+    g.add_argument("--refresh-grid", type=int, default=refresh_grid,
+                   help="a refresh scores the history as of the last multiple of this many generated tokens (1: up "
+                        "to now); replay tables hold one row per grid point, so tables and decoder must agree "
+                        "(default: %(default)s)")
 
 
 def policy_from_args(args, name: str | None = None, **overrides):
@@ -127,7 +132,8 @@ def policy_from_args(args, name: str | None = None, **overrides):
 
     opts = dict(budget=args.budget, window_fraction=args.window_fraction, window=args.window, sinks=args.sinks,
                 scorer=args.scorer, obs_window=args.obs_window, lookahead=args.lookahead,
-                period=getattr(args, "period", None), controller=getattr(args, "controller", None))
+                period=getattr(args, "period", None), controller=getattr(args, "controller", None),
+                refresh_grid=getattr(args, "refresh_grid", 1))
     opts.update(overrides)
     if "scorer_options" not in opts:
         opts["scorer_options"] = _snapkv_options(args, opts["scorer"])
@@ -200,7 +206,8 @@ def add_task_options(parser: argparse.ArgumentParser, prompts: int = 12, input_t
     g.add_argument("--task", default=task, help=f"task family: {', '.join(TASK_FAMILIES)}, or a comma-separated mix "
                                                 "(low,sort,high: prompts cycle through them)")
     g.add_argument("--source-dir", default=None,
-                   help="build tasks from this folder of Python files (default: held-out standard library files)")
+                   help="build tasks from this code base: a folder of Python files or an installed package's name "
+                        "(pip) (default: held-out standard library files)")
     g.add_argument("--data", default=None, help="a JSONL file of {'prompt', 'reference'} objects instead of built tasks")
     g.add_argument("--speedbench", default=None, help="a SPEED-Bench .jsonl/.parquet file instead of built tasks")
     g.add_argument("--category", default=None, help="with --speedbench: low_entropy, mixed or high_entropy (or low/high)")
@@ -227,13 +234,16 @@ def tasks_from_args(args, tokenizer, require_reference: bool = False):
         if not tasks:
             raise ValueError(f"no SPEED-Bench prompts left after filtering {args.speedbench!r}")
         return tasks[: args.prompts]
+    from .data.sources import source_folder
+
+    source = None if args.source_dir in (None, "stdlib") else source_folder(args.source_dir)
     if "," in args.task:
         from .data.tasks import build_task_mix
 
         return build_task_mix(tokenizer, args.task, args.prompts, args.input_tokens, args.seed, None,
-                              source_dir=args.source_dir)
+                              source_dir=source)
     return build_tasks(tokenizer, args.task, n=args.prompts, input_tokens=args.input_tokens, seed=args.seed,
-                       source_dir=args.source_dir)
+                       source_dir=source)
 
 
 def require_positive(parser: argparse.ArgumentParser, args, names) -> None:

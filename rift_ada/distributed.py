@@ -8,7 +8,7 @@ the results are gathered; the compressibility trainer also sums its LoRA gradien
 process ``LOCAL_RANK`` takes ``cuda:LOCAL_RANK``, see :func:`local_device`); without torchrun it does nothing and the
 world is one process. :func:`shard` and :func:`gather` are then the identity, so code written with them runs
 unchanged in a single process, and so are :func:`broadcast` and :func:`all_reduce_sum_`. ``rift_ada.evaluate.evaluate``,
-``trainers/compressibility.py`` and ``trainers/counterfactual.collect`` use them; nothing here patches torch or anything
+``trainers/compressibility.py`` and ``rift_ada.replay.build.build_tables`` use them; nothing here patches torch or anything
 else.
 """
 

@@ -11,6 +11,14 @@ Budgets are integers (tokens): ``importance + window == budget`` for ``rift``, t
 (default half) or explicitly. W is the scorer's observation window. *When* to refresh is not part of a layout: that
 is a controller's decision (``rift_ada.refresh``).
 
+``refresh_grid`` (default 1) aligns what a refresh scores: with G > 1 a refresh rescores the history as it stood at the
+last multiple of G generated positions (the observation queries and candidates of that moment; the window stays the
+current one), so a refresh's selection is a function of (refresh time on a grid of G, history) alone. That is what
+replay tables (``rift_ada.replay``) store one row per grid point for; G = 1 scores everything up to now.
+
+While decoding, every draft query at position i sees the importance part plus the window band [i - window, i]
+exactly (tokens that slid out are masked until the round's end evicts them), whatever round it is drafted in.
+
 ``lookahead`` (default 64) extends SnapKV scores forward: while a model copies or quotes, the keys it needs next lie
 just after those its recent queries attended, beyond the reach of SnapKV's symmetric pooling. On the first testbed's
 copy tasks, refreshing every 32 tokens kept 13% of the full cache's AL with plain SnapKV scores and 100% with
@@ -24,6 +32,7 @@ from dataclasses import dataclass, field
 from .scorers import SCORERS, make_scorer
 
 KINDS = ("full", "window", "snapkv", "rift")
+MAX_REFRESH_GRID = 64  # the observation queries of a grid point must still be in the cache's query buffer
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,7 @@ class CacheLayout:
     lookahead: int = 64  # snapkv scores extended this far forward (0 = plain SnapKV); see scorers/base.py
     scorer_options: tuple = ()  # e.g. (("kernel", 7), ("pooling", "max")) for snapkv
     store: bool = True  # keep a backing store of the full history, so a refresh can rescore it
+    refresh_grid: int = 1  # a refresh scores the history as of the last multiple of this many generated positions
     _window: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -49,6 +59,10 @@ class CacheLayout:
             raise ValueError(f"observation window must be >= 1, got {self.obs_window}")
         if self.lookahead < 0:
             raise ValueError(f"lookahead must be >= 0, got {self.lookahead}")
+        if (not isinstance(self.refresh_grid, int) or isinstance(self.refresh_grid, bool)
+                or not 1 <= self.refresh_grid <= MAX_REFRESH_GRID):
+            raise ValueError(f"refresh grid must be an integer in [1, {MAX_REFRESH_GRID}] (generated tokens), got "
+                             f"{self.refresh_grid!r}")
         object.__setattr__(self, "scorer_options", tuple(sorted(dict(self.scorer_options).items())))
         self.make_scorer()  # an option the scorer does not take fails here, when the layout is described
         if self.kind == "full":
@@ -109,5 +123,6 @@ class CacheLayout:
         if self.kind == "full":
             return "full"
         if self.kind == "rift":
-            return f"rift (budget {self.budget}: {self.n_imp} importance + {self.tail_keep} window)"
+            grid = f", refresh grid {self.refresh_grid}" if self.refresh_grid > 1 else ""
+            return f"rift (budget {self.budget}: {self.n_imp} importance + {self.tail_keep} window{grid})"
         return f"{self.kind} (budget {self.budget})"

@@ -32,7 +32,7 @@ class Policy:
 def make_policy(name: str, budget: int | None = None, *, period: int | None = None,
                 controller: Controller | str | None = None, window_fraction: float = 0.5, window: int | None = None,
                 sinks: int = 4, scorer: str = "snapkv", obs_window: int = 32, lookahead: int = 64,
-                scorer_options=()) -> Policy:
+                scorer_options=(), refresh_grid: int = 1) -> Policy:
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
     if period is not None and name != "rift-dyn":
@@ -43,7 +43,8 @@ def make_policy(name: str, budget: int | None = None, *, period: int | None = No
     kind = "rift" if name.startswith("rift") else name
     layout = CacheLayout(kind, budget=None if name == "full" else budget, window_fraction=window_fraction,
                          window=window, sinks=sinks, scorer=scorer, obs_window=obs_window, lookahead=lookahead,
-                         scorer_options=tuple(dict(scorer_options).items()), store=name != "rift-stat")
+                         scorer_options=tuple(dict(scorer_options).items()), store=name != "rift-stat",
+                         refresh_grid=refresh_grid)
     if name == "rift-dyn":
         if period is None:
             raise ValueError("rift-dyn needs --period (generated tokens between refreshes)")

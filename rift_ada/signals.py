@@ -14,6 +14,14 @@ in the environment reads the same vector the decoding loop gives it.
 | `focus`         | the draft's largest attention weight on one importance entry now (its newest query)     | [0, 1] |
 | `since_refresh` | generated tokens since the last scoring / 4096                          | [0, 1] |
 | `position`      | generated tokens / max_new_tokens                                       | [0, 1] |
+| `acc_fresh`     | accepted drafts / k over the first 2 rounds after the last scoring (the prefill's included) | [0, 1] |
+| `acc_drop`      | acc_fresh - acc_mean: how far acceptance fell since the selection was fresh (>= 0)       | [0, 1] |
+| `drift_rise`    | (drift - drift right after the last scoring) / (1 - that): drift beyond its fresh level  | [0, 1] |
+
+The last three are relative to the same prompt's fresh selection: a code base where the draft accepts little even
+when fresh, or a model whose drift never falls to 0 (heads with no queries count as cosine 0), shifts the raw
+signals; the acceptance lost and the drift gained since the last scoring mean the same there as elsewhere.
+Entropies are over a round's draft steps up to the first rejected one (those drafted on the emitted text).
 
 `runway` and `focus` come from the draft's newest query over its active cache (``RiftCache.read_ahead``): one small
 matmul per layer, no extra model forward. While a model copies from far back, the runway counts down one per generated
@@ -30,8 +38,10 @@ import numpy as np
 HISTORY = 4
 RUNWAY_CAP = 64  # tokens; the snapkv scorer's default lookahead, so a fresh selection reads ~1.0
 SINCE_SCALE = 4096.0  # a power of two: since_refresh * SINCE_SCALE is exactly the token count (up to the cap)
+FRESH = 2  # rounds after a scoring that define its fresh acceptance (acc_fresh)
 NAMES = tuple(f"acc_{i + 1}" for i in range(HISTORY)) + (
-    "acc_mean", "entropy_mean", "entropy_max", "drift", "runway", "focus", "since_refresh", "position")
+    "acc_mean", "entropy_mean", "entropy_max", "drift", "runway", "focus", "since_refresh", "position",
+    "acc_fresh", "acc_drop", "drift_rise")
 LOW = np.zeros(len(NAMES), dtype=np.float32)
 HIGH = np.ones(len(NAMES), dtype=np.float32)
 
@@ -52,6 +62,8 @@ class DecoderState:
     vocab_size: int
     runway: float = 0.0  # tokens (RiftCache.read_ahead), capped at RUNWAY_CAP
     focus: float = 0.0
+    fresh: tuple[float, ...] = ()  # accepted / k of the first FRESH rounds after the last scoring (or the prefill)
+    drift_floor: float = 0.0  # the drift published right after the last scoring's round (or the prefill)
 
 
 def index(name: str) -> int:
@@ -64,6 +76,8 @@ def observe(state: DecoderState) -> np.ndarray:
     """The signal vector of a decoder's published state (``SpeculativeDecoder.state``): a pure function of it."""
     acc = list(state.acceptance[:HISTORY]) + [1.0] * (HISTORY - len(state.acceptance[:HISTORY]))
     log_v = math.log(state.vocab_size)
+    fresh = sum(state.fresh) / len(state.fresh) if state.fresh else 1.0
+    floor = min(state.drift_floor, 1.0 - 1e-6)
     vec = acc + [
         sum(acc) / HISTORY,
         state.entropy_mean / log_v,
@@ -73,5 +87,8 @@ def observe(state: DecoderState) -> np.ndarray:
         state.focus,
         state.tokens_since_refresh / SINCE_SCALE,
         state.generated / state.max_new_tokens,
+        fresh,
+        fresh - sum(acc) / HISTORY,
+        (state.drift - floor) / (1.0 - floor),
     ]
     return np.clip(np.asarray(vec, dtype=np.float32), LOW, HIGH)

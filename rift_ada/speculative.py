@@ -17,7 +17,6 @@ before the verify forward, and a round that rejects a draft puts them back and f
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 
@@ -30,7 +29,7 @@ from .cache import RiftCache
 from .layout import CacheLayout
 from .models import check_vocab
 from .recurrent import TargetStates
-from .signals import HISTORY, RUNWAY_CAP, DecoderState
+from .signals import FRESH, HISTORY, RUNWAY_CAP, DecoderState
 from .static import StaticDraftStep, StaticKV, StaticVerify, check_static
 
 
@@ -45,7 +44,7 @@ class RoundRecord:
     drift: float  # query drift since the last scoring, when the decision was taken
     runway: float  # read-ahead runway (tokens) and focus when the decision was taken (rift_ada.signals)
     focus: float
-    entropy_mean: float  # draft entropy (nats, temperature 1) over this round's draft steps
+    entropy_mean: float  # draft entropy (nats, temperature 1) over this round's draft steps up to the first rejected
     entropy_max: float
     active_kv_bytes: int  # draft's active attention KV at its largest this round (round's tokens in flight)
     active_kv_bytes_full: int  # ... of it in full-attention (RIFT) layers
@@ -97,9 +96,32 @@ class _Clock:
         self.seconds[f"{phase}_seconds"], self.t = now - self.t, now
 
 
-def _entropy(logits: torch.Tensor) -> float:
+def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor | None:
+    """The sampling distribution over the last axis (temperature, then top-k, then top-p: transformers' order), or
+    None for greedy (temperature 0). The decoder's and the replay tables' (``rift_ada.replay``) one definition."""
+    if temperature == 0:
+        return None
+    p = torch.softmax(logits.float() / temperature, -1)
+    if 0 < top_k < p.shape[-1]:
+        kth = p.topk(top_k, -1).values[..., -1:]
+        p = p.masked_fill(p < kth, 0.0)  # ties with the k-th stay, as in transformers' TopKLogitsWarper
+        p = p / p.sum(-1, keepdim=True)
+    if top_p < 1:
+        sorted_p, idx = p.sort(-1, descending=True)
+        drop = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest prefix reaching top_p
+        p = p.scatter(-1, idx, sorted_p.masked_fill(drop, 0.0))
+        p = p / p.sum(-1, keepdim=True)
+    return p
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats (temperature 1) over the last axis: the draft-entropy signal's per-step value."""
     logp = torch.log_softmax(logits.float(), -1)
-    return float(-(logp.exp() * logp).sum())
+    return -(logp.exp() * logp).sum(-1)
+
+
+def _entropy(logits: torch.Tensor) -> float:
+    return float(entropy(logits))
 
 
 class SpeculativeDecoder:
@@ -203,6 +225,8 @@ class SpeculativeDecoder:
         self.result = DecodeResult(self.prompt_len, [first], prefill_seconds=time.perf_counter() - t0)
         self._t_pending, self._d_pending = [first], [first]
         self.tokens_since_refresh = 0
+        self._fresh: list[float] = []  # accepted / k of the first rounds after the last scoring (signals.FRESH)
+        self._drift_floor = None  # the drift published right after the last scoring
         self.done = first == self.eos_token_id or max_new_tokens <= 1
         self.state = self._state()
 
@@ -231,27 +255,20 @@ class SpeculativeDecoder:
         replayed = self._roll_back(k, n, drafts, nxt)
         clock.lap("rollback")
         new = self._emit(drafts[:n] + [nxt])
+        # The steps up to the first rejected draft: their context is the emitted text (later steps condition on
+        # the draft's own rejected tokens), so a replay table, which reads the emitted text, gives the same signal.
+        entropies = entropies[:n + 1]
         record = RoundRecord(
             position=before.generated, accepted=n, emitted=len(new), draft_length=k, refreshed=bool(refresh),
             tokens_since_refresh=before.tokens_since_refresh, drift=before.drift, runway=before.runway,
             focus=before.focus,
-            entropy_mean=sum(entropies) / k if k else 0.0, entropy_max=max(entropies, default=0.0),
+            entropy_mean=sum(entropies) / len(entropies) if entropies else 0.0,
+            entropy_max=max(entropies, default=0.0),
             active_kv_bytes=active_bytes["full"] + active_bytes["sliding"], active_kv_bytes_full=active_bytes["full"],
             active_kv_bytes_sliding=active_bytes["sliding"], state_bytes=active_bytes["state"],
             state_checkpoint_bytes=self.dcache.checkpoint_bytes(), target_replayed=replayed, **clock.seconds)
         self._publish(record)
         return record
-
-    def fork(self) -> "SpeculativeDecoder":
-        """An independent copy of the decoding state (the models are shared): for counterfactual rollouts."""
-        other = copy.copy(self)
-        other.tcache, other.dcache = copy.deepcopy(self.tcache), self.dcache.clone()
-        other._t_states = TargetStates(other.tcache)
-        other.result = copy.deepcopy(self.result)
-        other.generator = torch.Generator(device=self.device)
-        other.generator.set_state(self.generator.get_state())
-        other._t_pending, other._d_pending = list(self._t_pending), list(self._d_pending)
-        return other
 
     @classmethod
     def for_pair(cls, pair, layout: CacheLayout, decoding: "Decoding", draft=None,
@@ -322,18 +339,26 @@ class SpeculativeDecoder:
         self.result.decode_seconds += (record.refresh_seconds + record.draft_seconds + record.verify_seconds
                                        + record.rollback_seconds)
         self.tokens_since_refresh = (0 if record.refreshed else self.tokens_since_refresh) + record.emitted
+        if record.refreshed:
+            self._fresh, self._drift_floor = [], None
+        if len(self._fresh) < FRESH:
+            self._fresh.append(record.accepted / record.draft_length if record.draft_length else 1.0)
         self.state = self._state()
 
     def _state(self) -> DecoderState:
         rounds = self.result.rounds
         last = rounds[-1] if rounds else None
         runway, focus = self.dcache.read_ahead(RUNWAY_CAP)
+        drift = self.dcache.query_drift()
+        if self._drift_floor is None:  # the first state after a scoring (the prefill's, or a refreshing round's)
+            self._drift_floor = drift
         return DecoderState(
             generated=len(self.result.tokens), max_new_tokens=self.max_new_tokens, rounds=len(rounds),
-            tokens_since_refresh=self.tokens_since_refresh, drift=self.dcache.query_drift(),
+            tokens_since_refresh=self.tokens_since_refresh, drift=drift,
             acceptance=tuple(r.accepted / r.draft_length if r.draft_length else 1.0 for r in rounds[-HISTORY:][::-1]),
             entropy_mean=last.entropy_mean if last else 0.0, entropy_max=last.entropy_max if last else 0.0,
-            vocab_size=self.draft.config.vocab_size, runway=runway, focus=focus)
+            vocab_size=self.draft.config.vocab_size, runway=runway, focus=focus, fresh=tuple(self._fresh),
+            drift_floor=self._drift_floor)
 
     # --- pieces ----------------------------------------------------------------------------------------------------
     def _forward(self, model, cache, tokens: list[int], observe: bool = False, all_logits: bool = False):
@@ -345,21 +370,7 @@ class SpeculativeDecoder:
         return out if all_logits else out[-1]
 
     def _probs(self, logits: torch.Tensor) -> torch.Tensor | None:
-        """The sampling distribution (temperature, then top-k, then top-p: transformers' order), or None for
-        greedy."""
-        if self.temperature == 0:
-            return None
-        p = torch.softmax(logits.float() / self.temperature, -1)
-        if 0 < self.top_k < p.shape[-1]:
-            kth = p.topk(self.top_k, -1).values[..., -1:]
-            p = p.masked_fill(p < kth, 0.0)  # ties with the k-th stay, as in transformers' TopKLogitsWarper
-            p = p / p.sum(-1, keepdim=True)
-        if self.top_p < 1:
-            sorted_p, idx = p.sort(-1, descending=True)
-            drop = sorted_p.cumsum(-1) - sorted_p > self.top_p  # keep the smallest prefix reaching top_p
-            p = p.scatter(-1, idx, sorted_p.masked_fill(drop, 0.0))
-            p = p / p.sum(-1, keepdim=True)
-        return p
+        return sampling_probs(logits, self.temperature, self.top_k, self.top_p)
 
     def _sample(self, probs: torch.Tensor | None, logits: torch.Tensor) -> int:
         if probs is None:

@@ -106,7 +106,12 @@ class StaticDraftStep(_StaticForward):
         ids = torch.tensor([[token]], device=device)
         pos = torch.tensor([[position]], device=device)
         slot = torch.tensor([n], device=device)
-        mask = (torch.arange(layers[0].capacity, device=device) <= n)[None, None, None]
+        slots = torch.arange(layers[0].capacity, device=device)
+        mask = slots <= n
+        window = layers[0].window
+        if window is not None:  # tail slot s holds position ``position - (n - s)``: the window band of RiftLayer.window_mask
+            mask &= (slots < layers[0].n_imp) | (slots >= n - window)
+        mask = mask[None, None, None]
         return ids, pos, slot, mask, [layer._k for layer in layers], [layer._v for layer in layers]
 
     @torch.inference_mode()

@@ -3,9 +3,10 @@
 A sweep is a list of :class:`Point`: the full cache first (the reference every AL is divided by), then every
 registered controller kind with a knob (``rift_ada.refresh.registry``) at each value of its option (:func:`rule_points`;
 :func:`add_knob_options` declares the options), then what the job adds (learned controllers, ``--controller`` files),
-then the hindsight oracle at each refresh price (:func:`oracle_points`). A point's counts (:func:`measure`, from an
-evaluation or from the oracle's schedules) are what its row of the tradeoff table (:func:`tradeoff_row`) and its
-modelled speed (:func:`modelled_speed`) need, so a job can store them and model time later with any costs.
+then the oracle at each refresh price (:func:`oracle_points`). A point's counts (:func:`measure`, from an evaluation;
+the oracle's from replay tables, ``rift_ada.replay.oracle.oracle_counts``) are what its row of the tradeoff table
+(:func:`tradeoff_row`) and its modelled speed (:func:`modelled_speed`) need, so a job can store them and model time
+later with any costs.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from tqdm.auto import tqdm
-
-from . import distributed, signals
+from . import signals
 from .refresh.registry import swept
 
 
@@ -106,22 +105,17 @@ def levels(observed: np.ndarray, signal: str, quantiles) -> dict | None:
 
 
 # --- running a point -------------------------------------------------------------------------------------------------
-def measure(point: Point, decoder, prompts, max_new_tokens: int, oracle_block: int = 4, oracle_beam: int = 2,
-            seeds: int = 1) -> dict:
-    """A point's counts on ``prompts``: ``decoder`` (the full cache's for the full point) driven by its controller, or
-    the oracle's schedules at its price; with ``seeds`` > 1 (sampling), once per decoder seed (``decoder.seed`` + 0,
-    1, ...), merged by :func:`merge_seeds`."""
+def measure(point: Point, decoder, prompts, max_new_tokens: int, seeds: int = 1) -> dict:
+    """A point's counts on ``prompts``: ``decoder`` (the full cache's for the full point) driven by its controller;
+    with ``seeds`` > 1 (sampling), once per decoder seed (``decoder.seed`` + 0, 1, ...), merged by
+    :func:`merge_seeds`. (The oracle's points come from replay tables: ``rift_ada.replay.oracle.oracle_counts``.)"""
     from .evaluate import evaluate
 
     base, runs = decoder.seed, []
     try:
         for s in range(seeds):
             decoder.seed = base + s
-            if point.family == "oracle":
-                runs.append(oracle_counts(run_oracle(decoder, prompts, max_new_tokens, point.controller, oracle_block,
-                                                     oracle_beam)))
-            else:
-                runs.append(counts(evaluate(decoder, prompts, point.controller, max_new_tokens)))
+            runs.append(counts(evaluate(decoder, prompts, point.controller, max_new_tokens)))
     finally:
         decoder.seed = base
     return merge_seeds(runs)
@@ -153,29 +147,6 @@ def counts(ev) -> dict:
             "drafted": sum(x.draft_length for r in ev.results for x in r.rounds),
             "per_prompt": [{"acceptance_length": row["acceptance_length"], "refreshes": row["refreshes"],
                             "tokens": row["generated_tokens"]} for row in ev.rows]}
-
-
-def run_oracle(decoder, prompts, max_new_tokens: int, lam: float, block: int, beam: int) -> list:
-    """The hindsight oracle's schedule for every prompt (``rift_ada.oracle``), sharded under torchrun as evaluate()."""
-    from .oracle import oracle_schedule
-
-    mine = []
-    for i, ids in tqdm(distributed.shard(prompts), desc=f"oracle lambda={lam:g}", leave=False,
-                       disable=not distributed.is_main()):
-        with distributed.on_shard(i):
-            mine.append((i, oracle_schedule(decoder, ids, max_new_tokens, lam, block, beam)))
-    return distributed.gather(mine)
-
-
-def oracle_counts(results) -> dict:
-    """:func:`counts` of the oracle's schedules (``rift_ada.oracle.OracleResult``)."""
-    tokens = sum(r.tokens for r in results)
-    return {"acceptance_length": float(np.mean([r.acceptance_length for r in results])),
-            "refreshes_per_1k": 1000 * sum(r.refreshes for r in results) / tokens,
-            "refreshes": sum(r.refreshes for r in results), "tokens": tokens,
-            "rounds": sum(r.rounds for r in results), "drafted": sum(r.drafted for r in results),
-            "per_prompt": [{"acceptance_length": r.acceptance_length, "refreshes": r.refreshes, "tokens": r.tokens}
-                           for r in results]}
 
 
 def family_rows(points: Sequence[Point], counts: Sequence[dict], families: Sequence[str]) -> dict[str, list[dict]]:

@@ -11,12 +11,13 @@ from rift_ada.selection import select_importance
 from tests.conftest import feed, layout_of, random_model
 
 
-# The smallest budget at which no forward below misses a token: 60 prompt tokens, then rounds of 3; the cache is
-# compacted after each round, so the window must hold the 69 tokens before the last round (its 3 are in flight).
-# snapkv never evicts while decoding, so its budget only has to hold the prompt; `window` keeps budget - 4 recent
-# tokens (its 4 sinks only once the prompt exceeds that). One token less anywhere and the logits differ.
-TIGHT = {"rift-stat": dict(budget=69, window=69), "rift-dyn": dict(budget=69, window=69), "snapkv": dict(budget=60),
-         "window": dict(budget=73)}
+# The smallest budget at which no forward below misses a token: 60 prompt tokens, then rounds of 3. Each query at
+# position i sees the importance part and the window band [i - window, i], so the last query (71) reaches position 0
+# with a window of 71; `window` keeps 4 sinks and budget - 4 recent tokens, so its band need only reach position 4
+# (67 + 4 = 71). snapkv never evicts while decoding, so its budget only has to hold the prompt. One token less anywhere
+# and the logits differ (test_one_token_less_differs).
+TIGHT = {"rift-stat": dict(budget=71, window=71), "rift-dyn": dict(budget=71, window=71), "snapkv": dict(budget=60),
+         "window": dict(budget=71)}
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -37,6 +38,26 @@ def test_tight_budget_holding_everything_equals_dense(arch, policy):
         if policy == "rift-dyn":
             rift.refresh()
         rift.rollback(0)
+
+
+@pytest.mark.parametrize("policy", list(TIGHT))
+def test_one_token_less_differs(policy):
+    """The TIGHT budgets are the smallest: one token less and the last round's logits differ from dense. For rift
+    and window this is the per-query window band: mid-round the cache still stores the evicted-to-be tokens, but the
+    last query may not see them."""
+    model = random_model("llama", init=0.02)
+    use_rift_attention(model)
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, 128, (60,), generator=g).tolist()
+    steps = torch.randint(0, 128, (12,), generator=g).tolist()
+    less = {k: v - 1 for k, v in TIGHT[policy].items()}
+    dense, rift = DynamicCache(config=model.config), RiftCache(2, layout_of(policy, **less))
+    feed(model, rift, prompt), feed(model, dense, prompt, False)
+    rift.compress()
+    for i in range(0, 12, 3):
+        out_r, out_d = feed(model, rift, steps[i:i + 3]), feed(model, dense, steps[i:i + 3], False)
+        rift.rollback(0)
+    assert (out_r - out_d).abs().max() > 1e-3
 
 
 def forward_at(model, cache, tokens, start):
@@ -75,18 +96,29 @@ def test_eviction_keeps_exactly_the_layout_positions(name):
 
     length = 60
     for i in range(0, 12, 3):
-        ref = DynamicCache(config=model.config)
         for li, layer in enumerate(rift.layers):
-            pos = expected(li, length)
-            assert torch.equal(layer.active_positions(), pos), (li, length)
-            idx = pos[..., None].expand(-1, -1, -1, history[li][0].shape[-1])
-            ref.update(history[li][0].gather(2, idx), history[li][1].gather(2, idx), li)
+            assert torch.equal(layer.active_positions(), expected(li, length)), (li, length)
+        # The reference feeds the round's tokens one by one; token j sees the selection and the window band
+        # [length + j - window, length + j]: the round's older tail entries drop out of its view.
+        new_kv, outs = [[None, None] for _ in range(2)], []
+        for j in range(3):
+            ref = DynamicCache(config=model.config)
+            for li in range(2):
+                pos = expected(li, length)  # the window's oldest j entries are out of its reach
+                pos = torch.cat([pos[..., :imp], pos[..., imp + j:]], -1)
+                idx = pos[..., None].expand(-1, -1, -1, history[li][0].shape[-1])
+                kv = [h.gather(2, idx) for h in history[li]]
+                if j:
+                    kv = [torch.cat([a, b], 2) for a, b in zip(kv, new_kv[li])]
+                ref.update(kv[0], kv[1], li)
+            outs.append(forward_at(model, ref, steps[i + j:i + j + 1], length + j))
+            for li in range(2):  # this token's key and value, as computed on the compressed cache
+                new_kv[li] = [ref.layers[li].keys[:, :, -(j + 1):], ref.layers[li].values[:, :, -(j + 1):]]
         out = feed(model, rift, steps[i:i + 3])
-        torch.testing.assert_close(out, forward_at(model, ref, steps[i:i + 3], length), atol=1e-5, rtol=0)
+        torch.testing.assert_close(out, torch.cat(outs), atol=1e-5, rtol=0)
         assert (out - feed(model, dense, steps[i:i + 3], False)).abs().max() > 1e-4, "eviction changes the output"
-        for li in range(2):  # the new tokens' keys, as computed on the compressed cache
-            history[li] = [torch.cat([h, new[:, :, -3:]], 2) for h, new in
-                           zip(history[li], (ref.layers[li].keys, ref.layers[li].values))]
+        for li in range(2):
+            history[li] = [torch.cat([h, new], 2) for h, new in zip(history[li], new_kv[li])]
         rift.rollback(0)
         length += 3
         assert rift.active_tokens() == 24
@@ -201,6 +233,36 @@ def rescored_from_scratch(cache: RiftCache) -> RiftCache:
 
 
 RIFT_STATE = ("keys", "values", "store_k", "store_v", "imp_pos", "queries", "query_pos")
+
+
+def test_refresh_on_a_grid_scores_the_history_of_its_last_grid_point():
+    """refresh_grid 8: after 150 prompt and 61 generated tokens a refresh scores the history as it stood at 206 (150 +
+    7 x 8): layer 0 (whose keys and queries do not depend on the cache) selects what a cache prefilled with those 206
+    tokens and compressed selects, while the window stays the newest 24; refreshing with grid 1 selects otherwise."""
+    model = random_model("llama", init=0.05)
+    use_rift_attention(model)
+    g = torch.Generator().manual_seed(6)
+    history = torch.randint(0, 128, (211,), generator=g).tolist()
+    caches = {}
+    for grid in (1, 8):
+        cache = RiftCache(2, layout_of("rift-dyn", 48, obs_window=8, refresh_grid=grid))
+        feed(model, cache, history[:150])
+        cache.compress()
+        for t in history[150:]:
+            feed(model, cache, [t])
+            cache.rollback(0)
+        assert cache.refresh_point() == (211 if grid == 1 else 206)
+        cache.refresh()
+        caches[grid] = cache
+    prefilled = RiftCache(2, layout_of("rift-dyn", 48, obs_window=8))
+    feed(model, prefilled, history[:206])
+    prefilled.compress()
+    layer = caches[8].layers[0]
+    assert torch.equal(layer.imp_pos, prefilled.layers[0].imp_pos)
+    assert torch.equal(layer.active_positions()[..., layer.n_imp:], torch.arange(211 - 24, 211).expand(1, 2, -1))
+    assert not torch.equal(layer.imp_pos, caches[1].layers[0].imp_pos)
+    with pytest.raises(ValueError, match=r"refresh grid must be an integer in \[1, 64\]"):
+        layout_of("rift-dyn", 48, refresh_grid=65)
 
 
 def test_refresh_scores_from_scratch_resets_drift_and_rolls_back_exactly():

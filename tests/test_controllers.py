@@ -11,6 +11,7 @@ from rift_ada.controllers import fit_logistic
 from rift_ada.envs import RefreshEnv
 from rift_ada.refresh import (DQNController, EntropyController, NeverController, PeriodicController,
                               PPOController, ThresholdController, load_controller, parse_controller)
+from rift_ada.speculative import Decoding
 from tests.conftest import env_kw
 
 
@@ -75,17 +76,27 @@ def test_entropy_rule(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def counterfactual_data():
-    from rift_ada.trainers.counterfactual import collect
+def labelled_states():
+    """Replayed states of two training prompts (self-speculation on the trained pair, budget 128 of 1K, grid 4) and
+    the oracle's decisions there (rift_ada.trainers.oracle_labels)."""
+    from dataclasses import replace
+
+    from rift_ada.replay.build import build_table
+    from rift_ada.replay.oracle import solve
+    from rift_ada.trainers.oracle_labels import RandomPeriods, label_states
 
     env = RefreshEnv(**ENV_KW())
-    return collect(env.decoder, env.prompts, 64, horizon=3, every=1, progress=False)
+    dec = env.decoder
+    layout = replace(dec.layout, refresh_grid=4)
+    tables = [build_table(dec.target, dec.draft, p, layout, Decoding(), 64) for p in env.prompts[:2]]
+    policies = [solve(t, 11, 0.5) for t in tables]
+    return label_states(tables, policies, 11, lambda g: RandomPeriods((8, 32), g), 2, np.random.default_rng(0))
 
 
-def test_logistic_export_parity(counterfactual_data, tmp_path):
-    data = counterfactual_data
+def test_logistic_export_parity(labelled_states, tmp_path):
+    data = labelled_states
     assert len(data.X) >= 10 and data.X.shape[1] == len(signals.NAMES)
-    y = data.labels(margin=0.0)
+    y = data.y
     if len(np.unique(y)) < 2:  # make both classes present (a real, if arbitrary, split of the real states)
         y = (data.X[:, signals.index("since_refresh")] > np.median(data.X[:, signals.index("since_refresh")])).astype(int)
     ctrl = fit_logistic(data.X, y, threshold=0.4)
@@ -209,17 +220,22 @@ def replayed_decisions(controller, rounds: list[dict], max_new_tokens: int, voca
     decisions = []
     for i, r in enumerate(rounds):
         past = rounds[:i]
+        # the last scoring: the prefill, or the last round that refreshed; its fresh rounds start there, and the drift
+        # published right after it is the next record's
+        last = max([j for j, p in enumerate(past) if p["refreshed"]], default=-1)
+        fresh = past[max(last, 0):][:signals.FRESH]
         state = DecoderState(
             generated=r["position"], max_new_tokens=max_new_tokens, rounds=i,
             tokens_since_refresh=r["tokens_since_refresh"], drift=r["drift"], runway=r["runway"], focus=r["focus"],
             acceptance=tuple(p["accepted"] / p["draft_length"] for p in past[::-1][:signals.HISTORY]),
             entropy_mean=past[-1]["entropy_mean"] if past else 0.0,
-            entropy_max=past[-1]["entropy_max"] if past else 0.0, vocab_size=vocab)
+            entropy_max=past[-1]["entropy_max"] if past else 0.0, vocab_size=vocab,
+            fresh=tuple(p["accepted"] / p["draft_length"] for p in fresh), drift_floor=rounds[last + 1]["drift"])
         decisions.append(bool(controller.decide(signals.observe(state))))
     return decisions
 
 
-def test_exported_controller_drives_decoding_without_training_libraries(trained_ppo, trained_dqn, counterfactual_data,
+def test_exported_controller_drives_decoding_without_training_libraries(trained_ppo, trained_dqn, labelled_states,
                                                                        tmp_path):
     """Each exported controller (PPO, DQN, logistic) drives `python -m rift_ada.evaluate --policy rift-ada` with
     scikit-learn and stable-baselines3 unimportable, and what decoding did is what the controller decides: the
@@ -230,8 +246,8 @@ def test_exported_controller_drives_decoding_without_training_libraries(trained_
     _, _, ppo = trained_ppo
     ppo.save(tmp_path / "c.pt")
     trained_dqn[2].save(tmp_path / "d.pt")
-    position = counterfactual_data.X[:, signals.index("position")]
-    fit_logistic(counterfactual_data.X, (position > np.median(position)).astype(int)).save(tmp_path / "c.json")
+    position = labelled_states.X[:, signals.index("position")]
+    fit_logistic(labelled_states.X, (position > np.median(position)).astype(int)).save(tmp_path / "c.json")
     for f in ("c.pt", "d.pt", "c.json"):
         out = subprocess.run([sys.executable, "-c", DRIVE.replace("MAX_NEW", str(MAX_NEW)), str(tmp_path / f)],
                              capture_output=True, text=True, timeout=300,
@@ -246,32 +262,6 @@ def test_exported_controller_drives_decoding_without_training_libraries(trained_
         assert res["refreshes"] == sum(decided)
         if f == "c.json":
             assert 0 < sum(decided) < len(decided), decided
-
-
-def test_wait_label_says_refresh_where_the_runway_runs_out():
-    """The 'wait' label asks whether refreshing now beats refreshing a round later. On the shipped pair's copy task
-    (periodic behaviour every 64 tokens, greedy branches) that holds where the copying head's runway is shorter than
-    a round (the next round would fall off the selection) and not where plenty is left (waiting loses nothing);
-    the 'now' label, refresh versus never within the horizon, is positive far more often."""
-    from rift_ada.data import build_tasks, encode
-    from rift_ada.models import load_pair
-    from rift_ada.policies import make_policy
-    from rift_ada.speculative import SpeculativeDecoder
-    from rift_ada.trainers.counterfactual import CounterfactualData, collect_prompt
-
-    pair = load_pair("testbed", "testbed")
-    ids = encode(pair.tokenizer, build_tasks(pair.tokenizer, "low", n=1, input_tokens=1024, seed=5)[0].prompt)
-    dec = SpeculativeDecoder(pair.target, pair.draft, make_policy("rift-dyn", 256, period=48).layout, 11)
-    X, gain, wait = collect_prompt(dec, ids, 240, period=64, horizon=3, every=1, per_prompt=None, delay=1)
-    data = CounterfactualData(X, gain, 3, wait)
-    runway, focus = X[:, signals.index("runway")] * signals.RUNWAY_CAP, X[:, signals.index("focus")]
-    short, long = (focus > 0.9) & (runway < 11), (focus > 0.9) & (runway >= 30)
-    assert short.sum() >= 2 and long.sum() >= 4, (runway, focus)
-    y = data.labels(1.0, "wait")
-    assert y[short].mean() >= 0.5 and y[long].mean() == 0, (runway, wait * 3)
-    assert data.labels(1.0, "now").sum() > y.sum()
-    with pytest.raises(ValueError, match="label must be one of wait, now"):
-        data.labels(0.0, "later")
 
 
 def test_learning_curve_scores_growing_fits_on_held_out_states():

@@ -1,6 +1,6 @@
-"""Compressibility training, its target-output precompute and counterfactual labelling under torchrun (two CPU
+"""Compressibility training, its target-output precompute and replay tables under torchrun (two CPU
 processes, gloo) against one process: the same global batch gives the same loss curve (up to the summation order of
-the gradients), a resumed run the same as an uninterrupted one, and the precomputed and labelled data are identical.
+the gradients), a resumed run the same as an uninterrupted one, and the precomputed outputs and tables are identical.
 
 Each check launches ``python -m torch.distributed.run --standalone`` (a free port of its own), as
 tests/test_distributed.py does. Real testbed models, peft and wandb (offline).
@@ -138,9 +138,10 @@ from rift_ada import distributed
 from rift_ada.data import build_tasks, encode
 from rift_ada.layout import CacheLayout
 from rift_ada.models import load_pair
-from rift_ada.speculative import SpeculativeDecoder
+from rift_ada.replay import ReplayTable
+from rift_ada.replay.build import Builder, TableSpec, build_tables
+from rift_ada.speculative import Decoding
 from rift_ada.trainers.compressibility import build_target_outputs
-from rift_ada.trainers.counterfactual import collect
 
 
 def main(prefix):
@@ -150,11 +151,14 @@ def main(prefix):
         pair = load_pair("testbed-lm", "testbed-lm")
         tasks = build_tasks(pair.tokenizer, "low", n=3, input_tokens=512, seed=0)
         prompts = [encode(pair.tokenizer, t.prompt) for t in tasks]
-        # Sampled drafts and target continuations: each prompt's seed must follow it to whichever process takes it.
-        dec = SpeculativeDecoder(pair.target, pair.draft, CacheLayout("rift", budget=96), draft_length=4,
-                                 temperature=1.0, eos_token_id=pair.tokenizer.eos_token_id)
-        data = collect(dec, prompts, 32, horizon=3, period_range=(8, 24), per_prompt=5, progress=False)
-        np.savez(f"{prefix}.{distributed.rank()}.npz", X=data.X, gain=data.gain, world=world)
+        # Sampled continuations: each table's seed must follow it to whichever process builds it.
+        builder = Builder("testbed-lm", "testbed-lm", CacheLayout("rift", budget=96, refresh_grid=4),
+                          Decoding(4, 1.0), 32)
+        specs = [TableSpec(f"t{i}", tuple(ids), 10 + i) for i, ids in enumerate(prompts)]
+        paths = build_tables(builder, specs, f"{prefix}.tables", pair, progress=False)
+        tables = [ReplayTable.load(p) for p in paths]
+        np.savez(f"{prefix}.{distributed.rank()}.npz", q=np.stack([t.q for t in tables]),
+                 tokens=np.stack([t.tokens for t in tables]), world=world)
         build_target_outputs(pair.target, prompts, 12, f"{prefix}.targets", top_k=8, temperature=1.0, seed=5,
                              progress=False)
     finally:
@@ -166,7 +170,7 @@ if __name__ == "__main__":
 '''
 
 
-def test_counterfactual_collect_and_sampled_target_outputs_under_torchrun(tmp_path):
+def test_replay_tables_and_sampled_target_outputs_under_torchrun(tmp_path):
     from rift_ada import distributed
     from rift_ada.trainers.compressibility import load_target_outputs
 
@@ -179,9 +183,9 @@ def test_counterfactual_collect_and_sampled_target_outputs_under_torchrun(tmp_pa
     assert distributed.world_size() == 1  # the reference runs alone, in this process
     runpy.run_path(str(script))["main"](str(tmp_path / "one"))
     one = np.load(tmp_path / "one.0.npz")
-    assert int(one["world"]) == 1 and len(one["gain"]) >= 6  # states from every prompt
-    for r in ranks:  # every process returns the whole data, in prompt order
-        for key in ("X", "gain"):
+    assert int(one["world"]) == 1 and one["q"].shape[0] == 3
+    for r in ranks:  # every process sees every table, each the one process builds, whoever built it
+        for key in ("q", "tokens"):
             assert r[key].dtype == one[key].dtype and r[key].tobytes() == one[key].tobytes(), key
     (_, a), (_, b) = (load_target_outputs(tmp_path / f"{p}.targets") for p in ("dp", "one"))
     assert len(a) == len(b) == 3

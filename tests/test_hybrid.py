@@ -236,20 +236,6 @@ def test_compressed_draft_rollback_leaves_it_as_if_never_fed(key):
     assert partial > 0
 
 
-@pytest.mark.parametrize("key", HYBRIDS)
-def test_fork_is_independent(key):
-    dec = SpeculativeDecoder(model(key), perturbed(model(key)), CacheLayout("full"), draft_length=4)
-    prompt, _ = prompt_and_reference(key)
-    dec.reset(prompt, 24)
-    dec.step()
-    other = dec.fork()
-    while not dec.done:
-        dec.step()
-    while not other.done:
-        other.step()
-    assert other.result.tokens == dec.result.tokens
-
-
 # --- sampling: the exact distribution (machinery of tests/test_sampling.py) -----------------------------------------
 
 SAMPLING_PAIRS = [("qwen3_5", "nemotron_h"), ("nemotron_h", "qwen3_5")]  # each model on each side

@@ -31,7 +31,7 @@ PINNED = {
     "testbed/full": 11.875,
     "testbed/window": 2.389,
     "testbed/snapkv": 3.958,
-    "testbed/rift-stat": 2.717,
+    "testbed/rift-stat": 2.671,
     "testbed/rift-dyn": 7.54,
     "self/rift-dyn": 10.028,
 }

@@ -14,10 +14,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "train_controller.py"
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", WANDB_SILENT="true")
-TINY = ["--target", "testbed-lm", "--drafter", "testbed-lm", "--train-prompts", "2", "--eval-prompts", "1",
-        "--input-tokens", "512", "--budget", "64", "--draft-length", "4",
-        "--max-new-tokens", "48", "--ppo-timesteps", "64", "--lams", "1", "--periods", "16", "--acc-thresholds", "0.5",
-        "--logistic-thresholds", "0.5", "--horizon", "2", "--label-margin", "0", "--oracle-lams", "1",
+TINY = ["--target", "testbed-lm", "--drafter", "testbed-lm", "--train-sources", "stdlib,numpy",
+        "--prompts-per-source", "1", "--eval-prompts", "1", "--input-tokens", "512", "--budget", "64",
+        "--draft-length", "4", "--max-new-tokens", "48", "--ppo-timesteps", "64", "--lams", "1", "--periods", "16",
+        "--acc-thresholds", "0.5", "--logistic-thresholds", "0.5", "--label-price", "0.5", "--oracle-lams", "1",
         "--entropy-quantiles", "0.5", "--learners", "ppo", "--temperature", "0", "--tree-decisions", "0.5"]
 
 
@@ -52,14 +52,14 @@ def test_killed_job_resumes_to_the_same_tradeoff_csv_and_wandb_run(tmp_path):
     res = job(straight)
     assert res.returncode == 0, res.stderr[-3000:]
 
-    run_until(killed, "counterfactual-000.json")  # a kill during the second prompt's data
+    run_until(killed, "tree.json")  # a kill after the tables and the tree, during the next fit
     assert not (killed / "tradeoff.csv").exists()
     run_id = json.loads((killed / "state" / "wandb.json").read_text())["id"]
     refused = job(killed)  # a previous run is never silently overwritten
     assert refused.returncode == 2 and "--resume" in refused.stderr and "Traceback" not in refused.stderr
     resumed = job(killed, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming" in resumed.stderr and "counterfactual prompts" in resumed.stderr
+    assert "resuming" in resumed.stderr and "3 tables" in resumed.stderr
 
     assert (killed / "tradeoff.csv").read_text() == (straight / "tradeoff.csv").read_text()
     assert wandb_ids(killed) == [run_id, run_id], "both sessions log to one W&B run"

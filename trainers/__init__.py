@@ -1,1 +1,1 @@
-"""Trainers: counterfactual data, PPO and DQN for refresh controllers; compressibility (LoRA) training of drafts."""
+"""Trainers: oracle labels from replay tables, PPO and DQN for refresh controllers; compressibility (LoRA) training of drafts."""

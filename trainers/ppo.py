@@ -45,10 +45,11 @@ def progress_callback(total: int, desc: str):
 
 def train_ppo(env_fns, timesteps: int, seed: int = 0, callback=None, net_arch=(32, 32), n_steps: int = 128,
               learning_rate: float = 3e-4, ent_coef: float = 0.01, logger=None, progress: str | None = None,
-              subproc: bool = False):
-    """Train PPO on ``env_fns`` (thunks making RefreshEnvs; RefreshEnvSpecs with ``subproc``), with a progress bar
-    titled ``progress`` if given. Returns (model, vec_normalize). Deterministic given ``seed`` (SB3 seeds python,
-    numpy, torch and the envs), in one process or several."""
+              subproc: bool = False, demonstrations=None):
+    """Train PPO on ``env_fns`` (thunks making RefreshEnvs or ReplayEnvs; RefreshEnvSpecs with ``subproc``), with a
+    progress bar titled ``progress`` if given. ``demonstrations`` (observations, actions, weights): the policy first
+    clones them (:func:`clone`), then PPO improves on it. Returns (model, vec_normalize). Deterministic given
+    ``seed`` (SB3 seeds python, numpy, torch and the envs), in one process or several."""
     from stable_baselines3 import PPO
 
     venv = make_vec_env(env_fns, subproc=subproc)
@@ -56,8 +57,39 @@ def train_ppo(env_fns, timesteps: int, seed: int = 0, callback=None, net_arch=(3
     model = PPO("MlpPolicy", venv, n_steps=n_steps, batch_size=64, n_epochs=10, learning_rate=learning_rate,
                 gamma=0.99, ent_coef=ent_coef, seed=seed, device="cpu", verbose=0,
                 policy_kwargs={"net_arch": list(net_arch)})
+    if demonstrations is not None:
+        clone(model, venv, *demonstrations, seed=seed)
     return learn(model, venv, timesteps, rollout_timesteps(timesteps, len(env_fns), n_steps), callback, logger,
                  progress)
+
+
+def clone(model, venv, observations, actions, weights=None, epochs: int = 10, batch: int = 256, lr: float = 1e-3,
+          seed: int = 0) -> list[float]:
+    """Behaviour cloning of ``actions`` at ``observations`` (e.g. the oracle's decisions at replayed states,
+    ``rift_ada.trainers.oracle_labels``) into the PPO policy, each state weighted by ``weights``: a start that
+    already refreshes where refreshing pays, which PPO then improves on its own reward. VecNormalize's observation
+    statistics start as the demonstrations' (and keep updating during PPO). Returns the loss per epoch."""
+    X = np.asarray(observations, dtype=np.float64)
+    venv.obs_rms.mean, venv.obs_rms.var, venv.obs_rms.count = X.mean(0), X.var(0), float(len(X))
+    obs = torch.as_tensor(venv.normalize_obs(X), dtype=torch.float32)
+    act = torch.as_tensor(np.asarray(actions), dtype=torch.long)
+    w = torch.ones(len(X)) if weights is None else torch.as_tensor(np.asarray(weights), dtype=torch.float32)
+    w = w / w.mean()
+    policy = model.policy
+    opt = torch.optim.Adam(policy.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    losses = []
+    for _ in range(epochs):
+        order, total = torch.randperm(len(X), generator=g), 0.0
+        for i in range(0, len(X), batch):
+            idx = order[i:i + batch]
+            loss = -(w[idx] * policy.get_distribution(obs[idx]).log_prob(act[idx])).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += loss.item() * len(idx)
+        losses.append(total / len(X))
+    return losses
 
 
 def learn(model, venv, timesteps: int, bar_total: int, callback=None, logger=None, progress: str | None = None):

@@ -1,6 +1,6 @@
 """Resumable jobs: finished units of work persisted as small files under ``<output-dir>/state``.
 
-A unit (one prompt's counterfactual data, one PPO run, one sweep point, ...) is deterministic given its inputs, so a
+A unit (one fit, one PPO run, one sweep point, ...) is deterministic given its inputs, so a
 resumed job that loads finished units and recomputes the rest ends exactly where an uninterrupted job does. Every
 file is written to a temporary name and moved into place (``os.replace`` is atomic), so a kill leaves either the
 whole file or none; a unit that was interrupted is simply redone.
@@ -14,21 +14,9 @@ import shutil
 import time
 from pathlib import Path
 
+from rift_ada.files import atomic_write, write_json  # noqa: F401  (re-exported: the jobs' one writer)
+
 STATE = "state"
-
-
-def atomic_write(path: str | Path, write) -> Path:
-    """``write(tmp_path)``, then move the result to ``path`` in one step."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")  # same folder (os.replace stays atomic), same suffix
-    write(tmp)
-    os.replace(tmp, path)
-    return path
-
-
-def write_json(path: str | Path, payload) -> Path:
-    return atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(payload, indent=1)))
 
 
 def config_of(args, ignore=()) -> dict:

@@ -23,11 +23,13 @@ class Tradeoff:
     rows: list  # dicts of COLUMNS
     speeds: list  # modelled tokens per second, one per row
     summary: dict
+    replay: list = None  # the same points replayed on the held-out tables (dicts of COLUMNS)
+    replay_summary: dict = None
 
 
-def best_learned(tradeoff: Tradeoff, learned_families) -> dict:
-    """The learned row with the largest refresh savings at matched AL (then the largest AL): the one exported."""
-    return max((r for r in tradeoff.rows if r["family"] in learned_families),
+def best_of(tradeoff: Tradeoff, family: str) -> dict:
+    """The family's row with the largest refresh savings at matched AL (then the largest AL): the one exported."""
+    return max((r for r in tradeoff.rows if r["family"] == family),
                key=lambda r: (r["refresh_savings"] if r["refresh_savings"] is not None else -1.0,
                               r["acceptance_length"]))
 
@@ -35,13 +37,17 @@ def best_learned(tradeoff: Tradeoff, learned_families) -> dict:
 def write_outputs(out: Path, t: Tradeoff, args, extra: dict, costs) -> list[dict]:
     """tradeoff.csv (never half a table: written in one step), the plots and metrics.json (``extra``: its other
     fields). Returns the rows with their modelled speed."""
-    def write_csv(path):
-        with open(path, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=COLUMNS)
-            w.writeheader()
-            w.writerows({c: r.get(c) for c in COLUMNS} for r in t.rows)
+    def csv_of(rows):
+        def write(path):
+            with open(path, "w", newline="") as fh:
+                w = csv.DictWriter(fh, fieldnames=COLUMNS)
+                w.writeheader()
+                w.writerows({c: r.get(c) for c in COLUMNS} for r in rows)
+        return write
 
-    atomic_write(out / "tradeoff.csv", write_csv)
+    atomic_write(out / "tradeoff.csv", csv_of(t.rows))
+    if t.replay is not None:
+        atomic_write(out / "tradeoff_replay.csv", csv_of(t.replay))
     # The modelled speed depends on the costs measured on this machine, so it stays out of tradeoff.csv (which a
     # resumed run reproduces bit for bit) and goes to metrics.json, the second plot and W&B.
     timed = [{**r, "modelled_tokens_per_s": v} for r, v in zip(t.rows, t.speeds)]
@@ -52,6 +58,7 @@ def write_outputs(out: Path, t: Tradeoff, args, extra: dict, costs) -> list[dict
          f"{title}\nmodelled: draft step {1e3 * costs.draft_step_s:.2f} ms, verify {1e3 * costs.verify_s:.2f} ms, "
          f"refresh {1e3 * costs.refresh_s:.2f} ms")
     metrics = {"full_cache_acceptance_length": t.full_al, "rows": timed, "matched": t.summary["families"], **extra,
+               "replayed_rows": t.replay, "replayed_matched": (t.replay_summary or {}).get("families"),
                "reward": args.reward, "costs": costs.to_dict()}
     atomic_write(out / "metrics.json", lambda tmp: tmp.write_text(json.dumps(metrics, indent=1, default=str)))
     return timed
@@ -102,23 +109,33 @@ def log_to_wandb(run, out: Path, t: Tradeoff, timed: list, costs) -> None:
     for fam, s in t.summary["families"].items():
         run.summary[f"{fam}/refresh_savings_at_matched_al"] = s["refresh_savings"]
         run.summary[f"{fam}/al_gain_at_matched_refreshes"] = s["al_gain"]
+    for fam, s in ((t.replay_summary or {}).get("families") or {}).items():
+        run.summary[f"replay/{fam}/refresh_savings_at_matched_al"] = s["refresh_savings"]
+        run.summary[f"replay/{fam}/oracle_share"] = s.get("oracle_share")
     run.summary["full_cache_acceptance_length"] = t.full_al
     run.summary.update({f"costs/{k}": v for k, v in costs.to_dict().items()})
 
 
-def print_summary(t: Tradeoff, args, best: dict, ctrl_path: Path, session_s: float) -> None:
+def print_summary(t: Tradeoff, args, exported: dict, session_s: float) -> None:
     print(f"\nfull-cache AL {t.full_al:.3f} | budget {args.budget} | {args.eval_prompts} held-out prompts x "
-          f"{args.eval_seeds} seed(s)")
+          f"{args.eval_seeds} seed(s) from {args.source_dir or 'the standard library (held-out split)'}")
     print(f"{'family':>10} {'knob':>6} {'AL':>7} {'+-':>6} {'AL/full':>8} {'ref/1K':>8} {'tok/s*':>8}")
     for r, speed in zip(t.rows, t.speeds):
         print(f"{r['family']:>10} {str(r['knob']):>6} {r['acceptance_length']:7.3f} {r.get('al_std', 0):6.3f} "
               f"{r['al_vs_full']:8.3f} {r['refreshes_per_1k']:8.2f} {speed:8.1f}")
-    print("* tokens per second modelled with the measured costs (tradeoff_time.png)")
+    print("* tokens per second modelled with the measured costs (tradeoff_time.png); the oracle's rows are replayed "
+          "on the held-out tables")
     for fam, s in t.summary["families"].items():
         sav = "n/a" if s["refresh_savings"] is None else f"{100 * s['refresh_savings']:.1f}%"
         gain = "n/a" if s["al_gain"] is None else f"{s['al_gain']:+.3f}"
         print(f"{fam}: {sav} fewer refreshes than periodic at matched AL; AL gain at matched refresh count {gain}")
-    for fam, s in t.summary["families"].items():
-        if fam != "oracle" and s.get("oracle_share") is not None:
-            print(f"  {fam} captures {100 * s['oracle_share']:.0f}% of the oracle's saving")
-    print(f"exported {best['family']} (knob {best['knob']}) -> {ctrl_path}; this session {session_s:.0f} s")
+    if t.replay_summary is not None:
+        print("replayed on the held-out tables (expectation; the oracle's world):")
+        for fam, s in t.replay_summary["families"].items():
+            sav = "n/a" if s["refresh_savings"] is None else f"{100 * s['refresh_savings']:.1f}%"
+            share = "" if s.get("oracle_share") is None or fam == "oracle" else \
+                f", {100 * s['oracle_share']:.0f}% of the oracle's saving at that AL"
+            print(f"  {fam}: saves {sav} of periodic's refreshes at matched AL{share}")
+    for fam, e in exported.items():
+        print(f"exported {fam} (knob {e['knob']}) -> {e['file']}")
+    print(f"this session {session_s:.0f} s")

@@ -1,59 +1,54 @@
-"""The main job's stages. Every unit is deterministic given its inputs (greedy decoding; seeded decoders, PPO and
-the logistic fit) and returns what its state file holds, so resumed and uninterrupted runs go on with identical
-values."""
+"""The main job's stages. Every unit is deterministic given its inputs (seeded tables, replays, fits and decoders) and
+returns what its state file holds, so resumed and uninterrupted runs go on with identical values."""
 
 from __future__ import annotations
 
-import random
 import sys
 from dataclasses import replace
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from rift_ada import signals, sweep
+from rift_ada import sweep
 from rift_ada.sweep import Point
 
-LEARNERS = ("ppo", "dqn")  # stable-baselines3 learners, each trained once per lambda
-
-
+LEARNERS = ("ppo", "dqn")  # stable-baselines3 learners, each trained once per lambda on the replay env
 # Signals the tree may not split on: the position in the generation says which training prompt a state came from
-# more than anything about the cache (with a few prompts, a depth-3 tree split on it and refreshed a held-out high
-# prompt 105 times per 1K tokens).
+# more than anything about the cache.
 TREE_IGNORES = ("position",)
 
 
 def learners_of(args) -> list[str]:
-    """The SB3 learners of ``--learners`` (none: the logistic controller alone)."""
+    """The SB3 learners of ``--learners`` (none: the tree and logistic controllers alone)."""
     return [] if args.learners == "none" else args.learners.split(",")
 
 
 def load(args):
-    """The pair and the encoded training and held-out prompts (a mix of the --task families)."""
-    from rift_ada.data import build_task_mix, encode_prompts, task_mix
+    """The pair, the training prompts (``--prompts-per-source`` from each of ``--train-sources``, the --task families
+    cycling) as (code base, ids) and the held-out prompts of ``--source-dir`` (a code base never trained on)."""
+    from rift_ada.data import build_task_mix, encode
+    from rift_ada.data.sources import build_source_mix, source_folder
     from rift_ada.models import load_pair
     from rift_ada.testbed.check import check_fits
 
     pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype, device_map=args.device_map)
     for model in (pair.target, pair.draft):  # before building prompts (32K-token ones take a while)
         check_fits(model, args.input_tokens + args.max_new_tokens, "--input-tokens + --max-new-tokens")
-    bar = tqdm(total=2 * len(task_mix(args.task)), desc="building prompts")
-    train = build_task_mix(pair.tokenizer, args.task, args.train_prompts, args.input_tokens, args.seed + 1, "train",
-                           bar)
-    held_out = build_task_mix(pair.tokenizer, args.task, args.eval_prompts, args.input_tokens, args.seed, "eval", bar)
+    sources = args.train_sources.split(",")
+    held_out = source_folder(args.source_dir) if args.source_dir else None
+    if held_out is not None and any(source_folder(s) == held_out for s in sources):
+        raise ValueError(f"--source-dir {args.source_dir} is among --train-sources: the held-out code base must be "
+                         "one the controllers never train on")
+    bar = tqdm(total=2, desc="building prompts")
+    train = build_source_mix(pair.tokenizer, sources, args.task, args.prompts_per_source, args.input_tokens,
+                             args.seed + 1)
+    bar.update()
+    evals = build_task_mix(pair.tokenizer, args.task, args.eval_prompts, args.input_tokens, args.seed, "eval",
+                           source_dir=held_out)
+    bar.update()
     bar.close()
-    return pair, encode_prompts(pair.tokenizer, train), encode_prompts(pair.tokenizer, held_out)
-
-
-def plan(args, train_prompts: int) -> list[list[str]]:
-    """The units of each stage that resumes in pieces: counterfactual prompts, learner runs, sweep points."""
-    learners = [f"{ln}-lam{x:g}" for ln in learners_of(args) for x in args.lams]
-    points = ([sweep.full_point().unit] + sweep.rule_units(args)
-              + [sweep.unit_name("logistic", x) for x in args.logistic_thresholds]
-              + [sweep.unit_name("tree", x) for x in args.tree_decisions]
-              + [sweep.unit_name(ln, lam) for ln in learners_of(args) for lam in args.lams]
-              + [p.unit for p in sweep.oracle_points(args.oracle_lams)])
-    return [[f"counterfactual-{i:03d}" for i in range(train_prompts)], learners, points]
+    return pair, [(src, encode(pair.tokenizer, t.prompt)) for src, t in train], \
+        [encode(pair.tokenizer, t.prompt) for t in evals]
 
 
 def costs(state, decoder, prompt, max_new_tokens: int):
@@ -64,91 +59,127 @@ def costs(state, decoder, prompt, max_new_tokens: int):
         decoder, prompt, min(256, max_new_tokens)).to_dict()))  # medians per round: 256 tokens suffice
 
 
-def counterfactual_unit(ctx, layout, ids, max_new_tokens, period_range, seed, horizon, every, per_prompt, delay,
-                        branch_temperature) -> dict:
-    """One training prompt's counterfactual data (a unit; ``ctx``: a ``workers.Context``)."""
-    from rift_ada.trainers import counterfactual
+def tables(out, pair, args, layout, decoding, train, evals):
+    """Replay tables (``rift_ada.replay``) for the held-out prompts (one per --eval-seeds seed: the oracle's and the
+    replayed points, --max-new-tokens each) and for the training prompts (``--tables-per-prompt`` sampled
+    continuations each, ``--train-new-tokens`` long: the signals are local, and a table's rows cost the square of its
+    length), kept in ``<output-dir>/tables`` (a resumed job reuses them). Returns (training tables, held-out tables,
+    seconds spent building now)."""
+    import time
 
-    X, gain, wait = counterfactual.collect_prompt(ctx.decoder(layout), ids, max_new_tokens, tuple(period_range),
-                                                  horizon, every, per_prompt, delay, branch_temperature, seed)
-    return {"X": X.tolist(), "gain": gain.tolist(), "wait": wait.tolist()}
+    from rift_ada.replay import ReplayTable
+    from rift_ada.replay.build import Builder, TableSpec, build_tables
 
-
-def collect(state, ctx, setting, layout, prompts, args):
-    """Counterfactual data, one unit per prompt: (CounterfactualData, seconds spent on it over all sessions). Each prompt's trajectory refreshes after periods drawn from --behaviour-periods (a new one
-    after every refresh), so every task family contributes fresh, expiring and stale states."""
-    from rift_ada.trainers import counterfactual
-
-    from .workers import run_units
-
-    rng = random.Random(args.seed)
-    seeds = [rng.randrange(2**31) for _ in prompts]  # each prompt's behaviour schedule, drawn up front
-    branch_t = None if args.label_temperature < 0 else args.label_temperature
-    units = [(f"counterfactual-{i:03d}", counterfactual_unit,
-              (layout, prompts[i], args.max_new_tokens, tuple(args.behaviour_periods), seeds[i], args.horizon,
-               args.label_every,
-               args.states_per_prompt, args.label_delay, branch_t)) for i in range(len(prompts))]
-    parts = run_units(state, units, ctx, setting, args.workers, "counterfactual data")
-    data = counterfactual.CounterfactualData(
-        np.asarray([x for p in parts for x in p["X"]], dtype=np.float32).reshape(-1, len(signals.NAMES)),
-        np.asarray([g for p in parts for g in p["gain"]], dtype=np.float64), args.horizon,
-        np.asarray([g for p in parts for g in p["wait"]], dtype=np.float64))
-    return data, sum(p["seconds"] for p in parts)
+    t0 = time.time()
+    builder = Builder(args.target, args.drafter, layout, replace(decoding, draft_step="model", verify_step="model"),
+                      args.max_new_tokens, args.device, args.dtype, args.threads)
+    per = args.tables_per_prompt if decoding.temperature > 0 else 1
+    seeds = args.eval_seeds if decoding.temperature > 0 else 1
+    # The held-out tables first: they hold the long generations, and a worker left alone at the end costs least
+    # on a short one.
+    held = [TableSpec(f"heldout-{i:03d}-{s}", tuple(ids), decoding.seed + s)
+            for i, ids in enumerate(evals) for s in range(seeds)]
+    paths = build_tables(builder, held, out / "tables", pair, args.workers, progress="held-out tables")
+    short = replace(builder, max_new_tokens=min(args.train_new_tokens, args.max_new_tokens))
+    specs = [TableSpec(f"train-{i:03d}-{s}", tuple(ids), decoding.seed + 1000 * i + s)
+             for i, (_, ids) in enumerate(train) for s in range(per)]
+    train_paths = build_tables(short, specs, out / "tables", pair, args.workers, progress="training tables")
+    return ([ReplayTable.load(p) for p in train_paths], [ReplayTable.load(p) for p in paths], time.time() - t0)
 
 
-def fit(state, run, data, labels, stats: dict, args):
-    """The controllers fitted on the labels: {"logistic": ..., "tree": ...}, each a unit (None when the labels hold a
-    single class). The logistic fit's learning curve (held-out log-loss and accuracy against training states) goes
-    to W&B and its unit."""
-    from rift_ada.controllers import fit_logistic, fit_tree, learning_curve
+def fit(state, run, train_tables, args):
+    """The tree and logistic controllers, each imitating the oracle's decisions at --label-price (DAgger rounds on
+    the training tables: ``rift_ada.trainers.oracle_labels``); each a unit. Returns ({"tree", "logistic"}, the
+    labelled states of the tree's data: the levels quantile knobs take)."""
+    from rift_ada.controllers import fit_logistic, fit_tree
     from rift_ada.refresh import LogisticController, TreeController
+    from rift_ada.replay.oracle import solve
+    from rift_ada.trainers.oracle_labels import imitate
 
-    one_class = len(np.unique(labels)) < 2
+    policies = None
 
-    def logistic_unit():
-        run.log({f"data/{k}": v for k, v in stats.items()})
-        if one_class:
-            return {"weights": None}
-        curve = learning_curve(data.X, labels, seed=args.seed)
-        run.define_metric("logistic/curve/*", step_metric="logistic/curve/train_states")
-        for point in curve:
-            run.log({f"logistic/curve/{k}": v for k, v in point.items()})
-        model = fit_logistic(data.X, labels, seed=args.seed)
-        accuracy = float(((model.sklearn_model.predict_proba(data.X)[:, 1] > 0.5) == labels).mean())
-        run.log({"logistic/train_accuracy": accuracy})
-        return {"weights": model.weights.tolist(), "bias": model.bias, "train_accuracy": accuracy,
-                "learning_curve": curve}
+    def oracle():
+        nonlocal policies
+        if policies is None:
+            policies = [solve(t, args.draft_length, args.label_price) for t in train_tables]
+        return policies
 
-    def tree_unit():
-        if one_class:
-            return {"tree": None}
-        curve = learning_curve(data.X, labels, seed=args.seed, fit=lambda X, y, seed: fit_tree(
-            X, y, max_depth=args.tree_depth, seed=seed, ignore=TREE_IGNORES))
-        run.define_metric("tree/curve/*", step_metric="tree/curve/train_states")
-        for point in curve:
-            run.log({f"tree/curve/{k}": v for k, v in point.items()})
-        tree = fit_tree(data.X, labels, max_depth=args.tree_depth, seed=args.seed, ignore=TREE_IGNORES)
-        accuracy = float((tree.sklearn_model.predict(data.X) == labels).mean())
-        run.log({"tree/train_accuracy": accuracy, "tree/leaves": int(sum(c == -1 for c in tree.left))})
-        return {"tree": {k: list(getattr(tree, k)) for k in ("feature", "threshold", "left", "right", "value")},
-                "train_accuracy": accuracy, "rules": tree.describe(), "learning_curve": curve}
+    def unit(family, fit_fn):
+        def compute():
+            res = imitate(train_tables, fit_fn, args.draft_length, args.label_price, args.dagger_rounds,
+                          args.label_episodes, tuple(args.behaviour_periods), seed=args.seed, policies=oracle())
+            for h in res.history:
+                run.log({f"{family}/dagger/{k}": v for k, v in h.items()})
+            ctrl = res.controller
+            acc = float((np.asarray([ctrl.decide(x) for x in res.data.X]) == res.data.y).mean())
+            run.log({f"{family}/train_accuracy": acc, f"{family}/states": len(res.data.y)})
+            params = ({k: list(getattr(ctrl, k)) for k in ("feature", "threshold", "left", "right", "value")}
+                      if family == "tree" else {"weights": ctrl.weights.tolist(), "bias": ctrl.bias})
+            extra = {"rules": ctrl.describe()} if family == "tree" else {}
+            data = ({"X": res.data.X.tolist(), "y": res.data.y.tolist(), "w": res.data.weight.tolist()}
+                    if family == "tree" else {})
+            return {"params": params, "history": res.history, "train_accuracy": acc, **extra, **data}
+        return state.unit(family, compute)
 
-    fitted = {}
-    stored = state.unit("logistic", logistic_unit)
-    fitted["logistic"] = None if stored["weights"] is None else LogisticController(np.asarray(stored["weights"]),
-                                                                                   stored["bias"])
-    stored = state.unit("tree", tree_unit)
-    fitted["tree"] = None if stored["tree"] is None else TreeController(**{k: tuple(v) for k, v in
-                                                                           stored["tree"].items()})
-    if one_class:
-        print("warning: every counterfactual label is the same; skipping the logistic and tree controllers (collect "
-              "more states with --train-prompts / --label-every, or change --label-margin)", file=sys.stderr)
-    return fitted
+    tree = unit("tree", lambda X, y, w: fit_tree(X, y, max_depth=args.tree_depth, min_samples_leaf=50, seed=args.seed,
+                                                 ignore=TREE_IGNORES, sample_weight=w))
+    logistic = unit("logistic", lambda X, y, w: fit_logistic(X, y, seed=args.seed, sample_weight=w))
+    fitted = {"tree": TreeController(**{k: tuple(v) for k, v in tree["params"].items()}),
+              "logistic": LogisticController(np.asarray(logistic["params"]["weights"]), logistic["params"]["bias"])}
+    labelled = (np.asarray(tree["X"], dtype=np.float32), np.asarray(tree["y"]), np.asarray(tree["w"]))
+    return fitted, labelled
 
 
-def learn(state, run, args, pair, layout, decoding, prompts, cost_model) -> tuple[dict, float]:
-    """One PPO / DQN run per learner and lambda (a unit each, its export beside it): ({(learner, lambda): controller},
-    seconds spent on them over all sessions)."""
+KNOB_CANDIDATES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+
+
+def choose_knobs(state, run, train_tables, fitted: dict, args) -> dict:
+    """The tree's decision levels and the logistic controller's thresholds, where not given: on the *training*
+    tables (replay; a unit), the candidate with the largest refresh savings against periodic refresh at matched AL,
+    and the one with the largest savings among those at least as accurate as periodic refresh every 64 tokens (an
+    operating point at high AL; the first is often at low AL, where periodic refresh pays least).
+    Returns {"tree": [levels], "logistic": [thresholds]}."""
+    from dataclasses import replace as with_knob
+
+    from rift_ada.refresh import PeriodicController
+    from rift_ada.replay.process import replay_counts
+    from rift_ada.tradeoff import matched_comparison
+
+    def compute():
+        k, eps = args.draft_length, 4
+        rows = [{"family": "never", "knob": "-", **replay_counts(train_tables, None, k, eps, args.seed)}]
+        rows += [{"family": "periodic", "knob": n, **replay_counts(train_tables, PeriodicController(n), k, eps,
+                                                                   args.seed)} for n in (8, 16, 24, 32, 48, 64, 96)]
+        for family, field in (("tree", "decision"), ("logistic", "threshold")):
+            rows += [{"family": family, "knob": x, **replay_counts(
+                train_tables, with_knob(fitted[family], **{field: x}), k, eps, args.seed)} for x in KNOB_CANDIDATES]
+        summary = matched_comparison(rows)["families"]
+        high = next(r["acceptance_length"] for r in rows if r["family"] == "periodic" and r["knob"] == 64)
+
+        def best(candidates):
+            ranked = sorted(candidates, key=lambda r: (r["refresh_savings"] is not None, r["refresh_savings"] or 0.0,
+                                                       r["acceptance_length"]))
+            return [ranked[-1]["knob"]] if ranked else []
+
+        chosen = {}
+        for family in ("tree", "logistic"):
+            mine = [r for r in rows if r["family"] == family]
+            chosen[family] = sorted(set(best(mine) + best([r for r in mine if r["acceptance_length"] >= high])))
+            run.log({f"{family}/train_replay_savings": summary.get(family, {}).get("refresh_savings")})
+        return {"chosen": chosen, "rows": [{k2: v for k2, v in r.items() if k2 != "per_prompt"} for r in rows]}
+
+    given = {"tree": args.tree_decisions, "logistic": args.logistic_thresholds}
+    if all(given.values()):
+        return given
+    chosen = state.unit("knobs", compute)["chosen"]
+    return {family: knobs or chosen[family] for family, knobs in given.items()}
+
+
+def learn(state, run, args, train_tables, cost_model, labelled) -> tuple[dict, float]:
+    """One PPO / DQN run per learner and lambda on the replay environment over the training tables (a unit each, its
+    export beside it), the reward shaped by the oracle's cost to go (``ReplayEnv(shaping=True)``, unless
+    --no-shaping) and PPO's policy first cloning the oracle's decisions at the ``labelled`` states (X, y, weights;
+    unless --no-clone): ({(learner, lambda): controller}, seconds spent on them over all sessions)."""
     from rift_ada.refresh.registry import KINDS
 
     learned, seconds = {}, 0.0
@@ -156,74 +187,93 @@ def learn(state, run, args, pair, layout, decoding, prompts, cost_model) -> tupl
         for lam in args.lams:
             name = f"{learner}-lam{lam:g}"
             unit = state.unit(name, lambda lr=learner, lam=lam, name=name: _train(
-                state, run, args, lr, lam, name, pair, layout, decoding, prompts, cost_model))
+                state, run, args, lr, lam, name, train_tables, cost_model, labelled))
             seconds += unit["seconds"]
             learned[learner, lam] = KINDS[learner].load(state.path(f"{name}.pt"))  # the same weights, resumed or not
     return learned, seconds
 
 
-def _train(state, run, args, learner, lam, name, pair, layout, decoding, prompts, cost_model) -> dict:
-    from rift_ada.envs import RefreshEnv
-    from rift_ada.envs.vec import RefreshEnvSpec
-    from rift_ada.speculative import SpeculativeDecoder
+def _train(state, run, args, learner, lam, name, train_tables, cost_model, labelled) -> dict:
+    from rift_ada.envs import ReplayEnv
     from rift_ada.trainers.dqn import export_dqn, train_dqn
     from rift_ada.trainers.ppo import export_ppo, train_ppo
     from rift_ada.trainers.resume import atomic_write
     from rift_ada.trainers.wandb_logging import sb3_logger
 
-    env = dict(lam=lam, refresh_cost=args.refresh_cost, reward=args.reward, costs=cost_model)
-    if args.vec_env == "subproc":  # each worker loads the pair itself: a spec, not a closure over the models
-        env_fns = [RefreshEnvSpec(tuple(map(tuple, prompts)), layout, args.target, args.drafter, args.device,
-                                  args.dtype, decoding.draft_length, decoding.temperature, decoding.top_p, seed=i,
-                                  max_new_tokens=args.max_new_tokens, threads=args.threads, **env)
-                   for i in range(args.n_envs)]
-    else:  # one decoder per env; all share the loaded models
-        env_fns = [lambda i=i: RefreshEnv(SpeculativeDecoder.for_pair(pair, layout, replace(decoding, seed=i)),
-                                          prompts, args.max_new_tokens, **env)
-                   for i in range(args.n_envs)]
+    env = dict(draft_length=args.draft_length, lam=lam, refresh_cost=args.refresh_cost, reward=args.reward,
+               costs=cost_model, shaping=args.shaping)
+    env_fns = [lambda: ReplayEnv(train_tables, **env) for _ in range(args.n_envs)]
     prefix = f"{learner}_lam{lam:g}"
     run.define_metric(f"{prefix}/*", step_metric=f"{prefix}/timesteps")
     fit_fn, export_fn, timesteps = {"ppo": (train_ppo, export_ppo, args.ppo_timesteps),
                                     "dqn": (train_dqn, export_dqn, args.dqn_timesteps)}[learner]
+    extra = {"demonstrations": labelled} if learner == "ppo" and args.clone else {}
     model, venv = fit_fn(env_fns, timesteps, seed=args.seed, logger=sb3_logger(run.log, prefix),
-                         progress=f"{learner.upper()} lambda={lam:g}", subproc=args.vec_env == "subproc")
+                         progress=f"{learner.upper()} lambda={lam:g}", **extra)
     venv.close()
     atomic_write(state.path(f"{name}.pt"), export_fn(model, venv, lam).save)  # before the unit's JSON
     return {"lam": lam}
 
 
-def sweep_points(args, observed, fitted: dict, learned: dict) -> list[Point]:
-    """The main job's tradeoff points: the full cache, every swept kind (``rift_ada.sweep.rule_points``; a knob of
-    quantiles takes its levels in the ``observed`` counterfactual states), the logistic controller at each decision
-    threshold and the tree at each decision level (unless none was fitted), each learner at each lambda, the oracle
-    at each price."""
+def sweep_points(args, observed, fitted: dict, knobs: dict, learned: dict) -> list[Point]:
+    """The real decoder's points: every swept rule kind (``rift_ada.sweep.rule_points``; quantile knobs take their
+    levels in the ``observed`` states), the tree at each decision level and the logistic controller at each threshold
+    (``knobs``), each learner at each lambda."""
     from dataclasses import replace as with_knob
 
     for kind in sweep.unobserved(observed):
-        print(f"warning: no counterfactual states to take quantiles from; skipping the {kind} rule", file=sys.stderr)
-    points = [sweep.full_point()] + sweep.rule_points(args, observed)
-    for family, knobs, field in (("logistic", args.logistic_thresholds, "threshold"),
-                                 ("tree", args.tree_decisions, "decision")):
-        if fitted.get(family) is not None:
-            points += [Point(family, x, with_knob(fitted[family], **{field: x}), sweep.unit_name(family, x))
-                       for x in knobs]
-    points += [Point(ln, lam, learned[ln, lam], sweep.unit_name(ln, lam)) for ln, lam in learned]
-    return points + sweep.oracle_points(args.oracle_lams)
+        print(f"warning: no states to take quantiles from; skipping the {kind} rule", file=sys.stderr)
+    points = sweep.rule_points(args, observed)
+    for family, field in (("tree", "decision"), ("logistic", "threshold")):
+        knobs_of = knobs[family]
+        points += [Point(family, x, with_knob(fitted[family], **{field: x}), sweep.unit_name(family, x))
+                   for x in knobs_of]
+    return points + [Point(ln, lam, learned[ln, lam], sweep.unit_name(ln, lam)) for ln, lam in learned]
 
 
-def sweep_unit(ctx, point, layout, prompts, max_new_tokens, block, beam, seeds) -> dict:
-    """One tradeoff point's counts on the held-out prompts (a unit; ``rift_ada.sweep.measure``)."""
+def sweep_unit(ctx, point, layout, prompts, max_new_tokens, seeds) -> dict:
+    """One point's counts on the held-out prompts in the real decoder (a unit; ``rift_ada.sweep.measure``)."""
     from rift_ada.layout import CacheLayout
 
     decoder = ctx.decoder(CacheLayout("full") if point.family == "full" else layout)
-    return sweep.measure(point, decoder, prompts, max_new_tokens, block, beam, seeds)
+    return sweep.measure(point, decoder, prompts, max_new_tokens, seeds)
+
+
+def replayed_points(state, heldout_tables, args) -> tuple[dict, list[tuple[Point, dict]]]:
+    """From the held-out tables (replay; one unit): the full cache's counts (the reference every AL is divided by:
+    its table row is exact, nothing is selected) and the oracle's point at each --oracle-lams (its expected
+    schedule, exact over the grid; ``rift_ada.replay.oracle``)."""
+    from rift_ada.replay.oracle import oracle_counts
+    from rift_ada.replay.process import full_counts
+
+    def compute():
+        eps = args.oracle_episodes
+        return {"full": full_counts(heldout_tables, args.draft_length, eps, args.seed),
+                **{f"{lam:g}": oracle_counts(heldout_tables, args.draft_length, lam, eps, args.seed)
+                   for lam in args.oracle_lams}}
+
+    stored = state.unit("replayed", compute)
+    return stored["full"], [(p, stored[f"{p.knob:g}"]) for p in sweep.oracle_points(args.oracle_lams)]
+
+
+def replay_sweep(state, points: list[Point], heldout_tables, args) -> list[dict]:
+    """Every real-decoder point again, in replay on the held-out tables (a unit): the same comparison in expectation
+    over ``--oracle-episodes`` replays per table, in the world the oracle's points come from, so the share of the
+    oracle's saving a controller captures is measured like for like."""
+    from rift_ada.replay.process import replay_counts
+
+    def compute():
+        return {"counts": [replay_counts(heldout_tables, p.controller, args.draft_length, args.oracle_episodes,
+                                         args.seed) for p in points]}
+
+    return state.unit("replay-sweep", compute)["counts"]
 
 
 def run_sweep(state, points: list[Point], ctx, setting, layout, prompts, args) -> list[dict]:
-    """One unit per point on the held-out prompts: its counts (``rift_ada.sweep.measure``), over --eval-seeds."""
+    """One unit per point on the held-out prompts: its counts over --eval-seeds seeds."""
     from .workers import run_units
 
-    units = [(p.unit, sweep_unit, (p, layout, prompts, args.max_new_tokens, args.oracle_block, args.oracle_beam,
-                                   args.eval_seeds)) for p in points]
-    return run_units(state, units, ctx, setting, args.workers, "tradeoff sweep",
-                     first=[p.unit for p in points if p.family == "oracle"])
+    units = [(p.unit, sweep_unit, (p, layout, prompts, args.max_new_tokens, args.eval_seeds)) for p in points]
+    # The slowest points first (never refreshing decodes the most rounds), so no worker is left with one at the end.
+    slow = [p.unit for p in points if p.family == "never"]
+    return run_units(state, units, ctx, setting, args.workers, "tradeoff sweep", first=slow)

@@ -1,7 +1,7 @@
 """The main job's units in worker processes: one decoding thread per core instead of one in all.
 
 A round of speculative decoding on the testbed keeps one core busy, and more torch threads barely help such small
-forwards, so on a machine with several cores the units (one prompt's counterfactual data, one tradeoff point) run
+forwards, so on a machine with several cores the units (one tradeoff point, one table) run
 in ``--workers`` processes, each holding its own copy of the pair (loaded once per worker). Every unit is
 deterministic given its inputs (seeded decoders), so the stored results are those one process would store, in any
 order; each is stored as it finishes, so ``--resume`` works as before.

@@ -1,8 +1,9 @@
 """Figure 4: the refresh tradeoff. AL and tokens/s (measured, and modelled from the costs measured once) versus
 refreshes per 1K tokens for the sweep train_controller.py draws (``rift_ada.sweep``): every registered controller kind
 at each value of its knob option (never = rift-stat, periodic = rift-dyn, the threshold and entropy rules, ...; a knob
-of quantiles at the levels seen in the rift-stat run), every --controller given, and the hindsight oracle at each of
---oracle-lams; the % fewer refreshes than periodic at matched AL comes from rift_ada.tradeoff."""
+of quantiles at the levels seen in the rift-stat run), every --controller given, and the oracle at each of
+--oracle-lams (the best schedule over replay tables of the main prompts, ``rift_ada.replay``); the % fewer refreshes
+than periodic at matched AL comes from rift_ada.tradeoff."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from rift_ada import signals, sweep
+from rift_ada.replay.oracle import oracle_counts
 from rift_ada.sweep import Point
 
 from .figure import Figure, fmt, pct
@@ -27,8 +29,9 @@ def figure(b) -> Figure:
     evs = [b.evaluate(policy_of(b, p), label=f"fig4 {p.family} {p.knob}") for p in points]
     full = evs[0].summary["acceptance_length"]
     rows = [row(b, p, sweep.counts(ev), full, ev.summary["tokens_per_second"]) for p, ev in zip(points, evs)]
-    for p in sweep.oracle_points(b.args.oracle_lams):  # no measured speed: it decodes forks
-        rows.append(row(b, p, sweep.oracle_counts(oracle(b, p.controller)), full, None))
+    tables = oracle_tables(b) if b.args.oracle_lams else []
+    for p in sweep.oracle_points(b.args.oracle_lams):  # no measured speed: replayed
+        rows.append(row(b, p, oracle_counts(tables, b.args.draft_length, p.controller, seed=b.args.seed), full, None))
     summary = matched_comparison(rows[1:])  # adds refresh_savings / al_gain to the compared rows
     return Figure("fig4_refresh_tradeoff", "The refresh tradeoff", COLUMNS, rows, table(b, rows, summary),
                   lambda fig: draw(fig, b, rows), wide=True)
@@ -71,11 +74,21 @@ def row(b, p: Point, c: dict, full: float, measured: float | None) -> dict:
             "refresh_savings": None, "al_gain": None}
 
 
-def oracle(b, lam: float) -> list:
-    """The hindsight oracle's schedules on the main prompts at refresh price ``lam`` (the rift-dyn layout)."""
+def oracle_tables(b) -> list:
+    """Replay tables of the main prompts under the rift-dyn layout (in <output-dir>/tables; reused when there)."""
+    from pathlib import Path
+
+    from rift_ada.cli import decoding_from_args
+    from rift_ada.replay import ReplayTable
+    from rift_ada.replay.build import Builder, TableSpec, build_tables
+
     a = b.args
-    return sweep.run_oracle(b.decoder(b.policy("rift-dyn").layout), b.prompts["main"], a.max_new_tokens, lam,
-                            a.oracle_block, a.oracle_beam)
+    layout = b.policy("rift-dyn").layout
+    builder = Builder(a.target, a.drafter, layout, decoding_from_args(a, draft_step="model", verify_step="model"),
+                      a.max_new_tokens, a.device, a.dtype, a.threads)
+    specs = [TableSpec(f"fig4-{i:03d}", tuple(ids), a.seed) for i, ids in enumerate(b.prompts["main"])]
+    paths = build_tables(builder, specs, Path(a.output_dir) / "tables", b.pair, progress="fig4 oracle tables")
+    return [ReplayTable.load(p) for p in paths]
 
 
 def table(b, rows: list, summary: dict) -> str:

@@ -1,4 +1,4 @@
-"""A logistic refresh controller: P(refreshing now pays off) from the signals, trained on counterfactual labels.
+"""A logistic refresh controller: P(refreshing now pays off) from the signals, trained on refresh labels.
 
 Fitting uses scikit-learn and lives above the core (``rift_ada.controllers.logistic.fit_logistic``); deciding does
 not. The fitted, standardised model folds into one weight vector and a bias (``w . (x - mean) / scale + b``), which

@@ -139,7 +139,7 @@ class EntropyController(GapRule):
     spelling: ClassVar[str] = "entropy:X"
     knob: ClassVar[Knob] = Knob("--entropy-quantiles", float, (0.9,), "entropy rule: refresh when the last round's mean "
                                 "draft entropy exceeds these quantiles of the observed draft entropies (the "
-                                "counterfactual data's; the rift-stat run's in the figures): the knob reported is the "
+                                "labelled replay states; the rift-stat run's in the figures): the knob reported is the "
                                 "entropy level", low=0, high=1, open=True,
                                 quantiles_of="entropy_mean")
     threshold: float = 0.1

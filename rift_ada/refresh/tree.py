@@ -1,6 +1,6 @@
 """A decision-tree refresh controller: P(refreshing now pays off) from a few thresholds on the signals.
 
-Fitted with scikit-learn on counterfactual labels (``rift_ada.controllers.tree.fit_tree``); deciding walks the
+Fitted with scikit-learn on refresh labels (``rift_ada.controllers.tree.fit_tree``); deciding walks the
 exported nodes with plain Python. Why a tree beside the logistic model: the states where a refresh pays are a union
 of unlike cases (a copy about to run off its selection: short runway, sharp focus; a selection already stale: low
 acceptance on copy-like text), which one hyperplane over the signals separates badly, while a depth-3 tree does

@@ -1,0 +1,255 @@
+"""Building replay tables: one prompt's (:func:`build_table`), and a prompt set's (:func:`build_tables`: a file per
+prompt, resumable, in worker processes or shared out under torchrun)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..architectures import UnsupportedModelError
+from ..cache import RiftCache
+from ..layout import CacheLayout
+from ..signals import RUNWAY_CAP
+from ..speculative import Decoding, entropy, sampling_probs
+from .rows import RowPass, dense_pass, selections
+from .table import FORMAT, ReplayTable, fingerprint, layout_dict
+
+
+def check_layout(layout: CacheLayout, prompt_len: int) -> None:
+    """ValueError (one line) for a layout a table cannot stand for."""
+    if not layout.refreshable:
+        raise ValueError(f"a replay table needs a draft cache that refreshes (a rift layout with a backing store), "
+                         f"not {layout.describe()}")
+    if prompt_len < layout.budget:
+        raise ValueError(f"a replay table needs a prompt longer than the budget ({prompt_len} <= {layout.budget} "
+                         "tokens): the cache would hold it whole")
+
+
+def continuation(target, draft, prompt_ids: Sequence[int], max_new_tokens: int, decoding: Decoding,
+                 eos_token_id: int | None) -> list[int]:
+    """The target's output for the prompt (greedy, or sampled with ``decoding.seed``): speculative decoding with the
+    full draft cache, the fastest lossless path here (static steps where the models allow)."""
+    from ..evaluate import decode
+    from ..speculative import SpeculativeDecoder
+    from ..static import check_static
+
+    steps = {}
+    for role, model, key in (("draft", draft, "draft_step"), ("target", target, "verify_step")):
+        try:
+            check_static(model, role)
+            steps[key] = "static"
+        except UnsupportedModelError:
+            steps[key] = "model"
+    dec = SpeculativeDecoder(target, None if draft is target else draft, CacheLayout("full"), decoding.draft_length,
+                             temperature=decoding.temperature, top_p=decoding.top_p, top_k=decoding.top_k,
+                             eos_token_id=eos_token_id, seed=decoding.seed, **steps)
+    return decode(dec, list(prompt_ids), max_new_tokens).tokens
+
+
+@torch.inference_mode()
+def build_table(target, draft, prompt_ids: Sequence[int], layout: CacheLayout, decoding: Decoding,
+                max_new_tokens: int, eos_token_id: int | None = None, names: tuple[str, str] = ("", ""),
+                rows_per_batch: int = 16, progress: bool = False, tokens: Sequence[int] | None = None) -> ReplayTable:
+    """The replay table of one prompt (``rift_ada.replay.table``): ``draft`` (``target`` for self-speculation) under
+    ``layout`` (its ``refresh_grid`` is the table's grid), the target emitting with ``decoding``'s temperature,
+    top-k, top-p and seed. ``names``: how the target and draft were named (kept beside their fingerprints).
+    ``tokens``: a continuation the target emitted already (e.g. a real decode's output), instead of decoding one."""
+    from tqdm.auto import tqdm
+
+    prompt_ids = list(prompt_ids)
+    P, grid = len(prompt_ids), layout.refresh_grid
+    check_layout(layout, P)
+    seconds = {}
+    t0 = time.perf_counter()
+    if tokens is None:
+        tokens = continuation(target, draft, prompt_ids, max_new_tokens, decoding, eos_token_id)
+    tokens = list(tokens)
+    seconds["continuation"] = time.perf_counter() - t0
+    N = len(tokens)
+    if N < 2:
+        raise ValueError(f"the continuation has {N} token(s): a table needs at least 2 (raise max_new_tokens)")
+    device = target.device
+    ids = torch.tensor([prompt_ids + tokens], device=device)
+    x = ids[0, P:]
+    t0 = time.perf_counter()
+    p = torch.ones(N, device=device)
+    if decoding.temperature > 0:
+        logits = target(ids, position_ids=torch.arange(ids.shape[1], device=device)[None], use_cache=False,
+                        logits_to_keep=N + 1).logits[0, :N].float()  # position P - 1 + u predicts token u
+        p = sampling_probs(logits, decoding.temperature, decoding.top_k, decoding.top_p).gather(-1, x[:, None])[:, 0]
+    seconds["target_p"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    dense = dense_pass(draft, ids)
+    full_logits = dense.logits[P - 1:P - 1 + N]
+    full_probs = sampling_probs(full_logits, decoding.temperature, decoding.top_k, decoding.top_p)
+    full_q = ((full_logits.argmax(-1) == x).float() if full_probs is None
+              else full_probs.gather(-1, x[:, None])[:, 0])
+    starts = list(range(P, P + N - 1, grid))  # a refresh at history length t needs a query at t .. P + N - 2
+    sel = selections(dense, starts, layout)
+    seconds["dense"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    rows = RowPass(draft, ids, P, layout, dense, decoding.temperature, decoding.top_k, decoding.top_p)
+    R = len(starts)
+    out = {name: np.full((R, N), np.nan, dtype=np.float32) for name in ("q", "entropy", "focus", "runway", "drift")}
+    groups = range(0, R, rows_per_batch)
+    for g0 in tqdm(groups, desc="table rows", leave=False, disable=not progress):
+        part = slice(g0, min(g0 + rows_per_batch, R))
+        vals = rows.run(starts[part], [s[part] for s in sel])
+        for name, v in (("q", vals.q), ("entropy", vals.entropy), ("focus", vals.focus),
+                        ("runway", vals.runway), ("drift", vals.drift)):
+            out[name][part] = v
+    seconds["rows"] = time.perf_counter() - t0
+    header = {
+        "format": FORMAT, "target": fingerprint(target), "draft": fingerprint(draft), "target_name": names[0],
+        "draft_name": names[1], "layout": layout_dict(layout), "temperature": float(decoding.temperature),
+        "top_k": int(decoding.top_k), "top_p": float(decoding.top_p), "seed": int(decoding.seed), "grid": grid,
+        "max_new_tokens": int(max_new_tokens), "eos_token_id": eos_token_id, "vocab_size": draft.config.vocab_size,
+        "prompt_sha": prompt_sha(prompt_ids),
+        "initial": initial_signals(draft, ids[:, :P], layout), "build_seconds": seconds,
+    }
+    header = json.loads(json.dumps(header))  # as a file holds it (tuples are lists), so a loaded one compares equal
+    return ReplayTable(header, np.asarray(prompt_ids, dtype=np.int32), np.asarray(tokens, dtype=np.int32),
+                       p.float().cpu().numpy(), out["q"], out["entropy"], out["focus"], out["runway"], out["drift"],
+                       full_q.float().cpu().numpy(), entropy(full_logits).float().cpu().numpy())
+
+
+def initial_signals(draft, prompt: torch.Tensor, layout: CacheLayout) -> dict:
+    """The read-ahead and drift signals right after the prefill, computed as the decoder computes them (the draft's
+    own prefill and compression: ``SpeculativeDecoder.reset``)."""
+    cache = RiftCache.for_config(draft.config, layout)
+    pos = torch.arange(prompt.shape[1], device=prompt.device)[None]
+    draft(prompt, cache=cache, position_ids=pos, rift_observer=cache, logits_to_keep=1)
+    cache.compress()
+    runway, focus = cache.read_ahead(RUNWAY_CAP)
+    return {"runway": runway, "focus": focus, "drift": cache.query_drift()}
+
+
+# --- a prompt set ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TableSpec:
+    """One table to build: its file name (without suffix), the prompt and the continuation's sampling seed."""
+
+    name: str
+    prompt: tuple
+    seed: int
+
+
+@dataclass(frozen=True)
+class Builder:
+    """Everything a process needs to build tables: the pair by the names ``load_pair`` takes, and the settings."""
+
+    target: str
+    drafter: str
+    layout: CacheLayout
+    decoding: Decoding
+    max_new_tokens: int
+    device: str = "cpu"
+    dtype: str | None = None
+    threads: int = 1
+
+    def expected(self, pair, spec: TableSpec) -> dict:
+        """The header fields a table of ``spec`` built by this builder holds (a stored one is reused only if they
+        match)."""
+        return {"target": fingerprint(pair.target), "draft": fingerprint(pair.draft),
+                "layout": layout_dict(self.layout), "temperature": float(self.decoding.temperature),
+                "top_k": int(self.decoding.top_k), "top_p": float(self.decoding.top_p), "seed": int(spec.seed),
+                "grid": self.layout.refresh_grid, "max_new_tokens": int(self.max_new_tokens),
+                "prompt_sha": prompt_sha(spec.prompt)}
+
+    def build(self, pair, spec: TableSpec, folder: Path) -> Path:
+        from dataclasses import replace
+
+        table = build_table(pair.target, pair.draft, list(spec.prompt), self.layout,
+                            replace(self.decoding, seed=spec.seed), self.max_new_tokens, pair.tokenizer.eos_token_id,
+                            (self.target, self.drafter))
+        return table.save(folder / f"{spec.name}.safetensors")
+
+
+def prompt_sha(prompt_ids) -> str:
+    return hashlib.sha256(np.asarray(list(prompt_ids), dtype=np.int64).tobytes()).hexdigest()[:16]
+
+
+def stored(path: Path, expected: dict) -> bool:
+    """Whether ``path`` holds a table with the ``expected`` header fields (a resumed build keeps it)."""
+    if not path.is_file():
+        return False
+    try:
+        table = ReplayTable.load(path)
+        table.check(**expected)
+    except ValueError:
+        return False
+    return True
+
+
+def build_tables(builder: Builder, specs: Sequence[TableSpec], folder, pair=None, workers: int = 1,
+                 progress: bool | str = True) -> list[Path]:
+    """A table per spec in ``folder`` (``<name>.safetensors``), built by ``builder``. Tables already there with the
+    same models, settings, prompt and seed are kept (an interrupted build resumes); the rest are built one per
+    process: ``workers`` processes here (each loading the pair once), or shared out strided under torchrun (after
+    ``rift_ada.distributed.init``; every process returns every path once all are written). ``pair``: the loaded
+    models, for building in this process and for checking stored tables (loaded from the builder's names if
+    None)."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    import multiprocessing
+
+    from tqdm.auto import tqdm
+
+    from .. import distributed
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if pair is None:
+        pair = _worker_pair(builder)
+    paths = [folder / f"{s.name}.safetensors" for s in specs]
+    todo = [i for i, (s, p) in enumerate(zip(specs, paths)) if not stored(p, builder.expected(pair, s))]
+    todo = distributed.broadcast(todo)  # rank 0's view, before any process writes: every table built exactly once
+    mine = [i for _, i in distributed.shard(todo)]
+    desc = progress if isinstance(progress, str) else "replay tables"
+    bar = tqdm(total=len(specs), initial=len(specs) - len(todo), desc=desc,
+               disable=not progress or not distributed.is_main())
+    if workers <= 1 or len(mine) <= 1:
+        for i in mine:
+            builder.build(pair, specs[i], folder)
+            bar.update(distributed.world_size())
+    else:
+        ctx = multiprocessing.get_context("forkserver")
+        with ProcessPoolExecutor(min(workers, len(mine)), mp_context=ctx, initializer=_start,
+                                 initargs=(builder,)) as pool:
+            for fut in as_completed([pool.submit(_build_one, specs[i], str(folder)) for i in mine]):
+                fut.result()
+                bar.update()
+    bar.close()
+    distributed.barrier()
+    return paths
+
+
+_PAIR = None
+
+
+def _worker_pair(builder: Builder):
+    from ..models import load_pair
+
+    return load_pair(builder.target, builder.drafter, device=builder.device, dtype=builder.dtype)
+
+
+def _start(builder: Builder) -> None:
+    global _PAIR, _BUILDER
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(builder.threads)
+    _PAIR, _BUILDER = _worker_pair(builder), builder
+
+
+_BUILDER = None
+
+
+def _build_one(spec: TableSpec, folder: str) -> str:
+    return str(_BUILDER.build(_PAIR, spec, Path(folder)))

@@ -1,0 +1,175 @@
+"""The decoder's rounds as arithmetic over a replay table.
+
+A round that starts with ``g`` tokens generated drafts ``k = min(draft_length, max_new_tokens - g - 1)`` tokens,
+the draft's predictions of continuation tokens g .. g + k - 1 under the row in force (the last refresh's). Greedy,
+it accepts the leading run of tokens whose argmax is the emitted one; sampling, each drafted token u is kept with
+probability a_u = min(1, q(x_u) / p(x_u)), independently, until the first rejection (docs/replay.md: given the
+emitted text this is the exact rejection rule's acceptance process). It emits accepted + 1 tokens. Between rounds
+the draft's cache holds every token but the pending one (two after a round that accepted all k), so a refresh before
+the round scores the history of length ``prompt + g - pending``: row ``(g - pending) // grid``.
+
+:class:`Replay` steps one episode as ``SpeculativeDecoder.step`` would (its records carry the same counts, and
+:meth:`Replay.state` is the ``DecoderState`` the decoder would publish, so ``rift_ada.signals.observe`` gives a
+controller the same observation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..signals import FRESH, HISTORY, DecoderState
+from .table import ReplayTable
+
+
+@dataclass
+class ReplayRound:
+    """What a round gives, as ``RoundRecord`` names it (the fields a metric or a reward reads)."""
+
+    position: int
+    accepted: int
+    emitted: int
+    draft_length: int
+    refreshed: bool
+    row: int  # the table row in force during the round
+
+
+class Replay:
+    """One prompt's decode over ``table`` with ``draft_length`` (k). ``reset(rng)`` starts it; ``step(refresh)`` runs
+    a round; ``state`` is what the decoder would publish after it. Sampling tables draw acceptances from ``rng``."""
+
+    def __init__(self, table: ReplayTable, draft_length: int = 11):
+        if not isinstance(draft_length, int) or draft_length < 1:
+            raise ValueError(f"draft length k must be an integer >= 1, got {draft_length!r}")
+        self.table, self.k = table, draft_length
+        self.P, self.G, self.N = table.prompt_len, table.grid, int(table.tokens.shape[0])
+        self.max_new = table.max_new_tokens
+        # Acceptance beyond the continuation (after an EOS) counts as a rejection; one spare column for k past it.
+        self.acc = np.concatenate([np.nan_to_num(table.accept(), nan=0.0),
+                                   np.zeros((table.rows, draft_length + 1), np.float32)], 1).astype(np.float64)
+        self.greedy = table.temperature == 0
+        self.log_vocab = float(np.log(table.vocab_size))
+        self.done = True
+
+    def reset(self, rng: np.random.Generator | None = None) -> DecoderState:
+        self.rng = rng if rng is not None else np.random.default_rng(0)
+        self.g, self.pending, self.row, self.since = 1, 1, 0, 0
+        self.rounds: list[ReplayRound] = []
+        self.last_entropy = (0.0, 0.0)
+        self.fresh: list[float] = []
+        self.drift_floor = float(self.table.header["initial"]["drift"])
+        self.done = self.N <= 1 or self.max_new <= 1
+        return self.state
+
+    @property
+    def length(self) -> int:
+        """The draft cache's history length now (every token but the pending ones)."""
+        return self.P + self.g - self.pending
+
+    def step(self, refresh: bool) -> ReplayRound:
+        if self.done:
+            raise RuntimeError("the replayed generation is finished: call reset()")
+        g, refresh = self.g, bool(refresh)
+        if refresh:
+            self.row = (g - self.pending) // self.G
+        k = min(self.k, self.max_new - g - 1)
+        a = self.acc[self.row, g:g + k]
+        ok = a >= 1.0 if self.greedy else self.rng.random(k) < a
+        n = int(np.argmin(ok)) if not ok.all() else k
+        steps = self.table.entropy[self.row, g:g + min(n + 1, k)]  # the steps up to the first rejected one
+        self.last_entropy = (float(steps.mean()), float(steps.max())) if len(steps) else (0.0, 0.0)
+        emitted = min(n + 1, self.N - g)
+        rec = ReplayRound(g, n, emitted, k, refresh, self.row)
+        self.rounds.append(rec)
+        self.since = (0 if refresh else self.since) + emitted
+        if refresh:
+            self.fresh = []
+        if len(self.fresh) < FRESH:
+            self.fresh.append(n / k if k else 1.0)
+        self.g += emitted
+        self.pending = self.pending + 1 if k == 0 else (2 if n == k else 1)
+        self.done = self.g >= self.N
+        if refresh:
+            self.drift_floor = float(self.table.drift[self.row, self.length - self.P])
+        return rec
+
+    @property
+    def state(self) -> DecoderState:
+        """The ``DecoderState`` the decoder publishes at this point (``SpeculativeDecoder._state``)."""
+        t = self.table
+        if not self.rounds:
+            init = t.header["initial"]
+            runway, focus, drift = init["runway"], init["focus"], init["drift"]
+        else:
+            u = self.length - self.P
+            runway, focus, drift = (float(t.runway[self.row, u]), float(t.focus[self.row, u]),
+                                    float(t.drift[self.row, u]))
+        recent = self.rounds[-HISTORY:][::-1]
+        return DecoderState(
+            generated=self.g, max_new_tokens=self.max_new, rounds=len(self.rounds), tokens_since_refresh=self.since,
+            drift=drift, acceptance=tuple(r.accepted / r.draft_length if r.draft_length else 1.0 for r in recent),
+            entropy_mean=self.last_entropy[0], entropy_max=self.last_entropy[1], vocab_size=t.vocab_size,
+            runway=runway, focus=focus, fresh=tuple(self.fresh), drift_floor=self.drift_floor)
+
+    @property
+    def refreshes(self) -> int:
+        return sum(r.refreshed for r in self.rounds)
+
+    def acceptance_length(self) -> float:
+        return float(np.mean([r.accepted + 1 for r in self.rounds])) if self.rounds else 0.0
+
+
+def replay(table: ReplayTable, decide, draft_length: int = 11, rng: np.random.Generator | None = None) -> Replay:
+    """Run one episode with ``decide(replay) -> bool`` choosing each round's refresh; returns the finished Replay."""
+    r = Replay(table, draft_length)
+    r.reset(rng)
+    while not r.done:
+        r.step(decide(r))
+    return r
+
+
+def replay_counts(tables, decide, draft_length: int = 11, episodes: int = 8, seed: int = 0) -> dict:
+    """A schedule's point on a tradeoff curve over ``tables`` (the keys ``rift_ada.sweep.counts`` gives an
+    evaluation). ``decide``: a controller (deciding on the signals; None: never) or a function of the Replay; each
+    table replayed ``episodes`` times when sampling (once greedy), its AL and counts averaged over them; AL then
+    averaged over tables, counts summed."""
+    from ..refresh.base import refresh_wanted
+
+    if decide is None or hasattr(decide, "decide"):  # a controller (None: never refresh) reads the signals
+        fn = lambda r: refresh_wanted(decide, r.state)  # noqa: E731
+    else:
+        fn = decide
+    per = []
+    for i, table in enumerate(tables):
+        rng = np.random.default_rng(seed + i)
+        per.append(table_point([replay(table, fn, draft_length, rng)
+                                for _ in range(1 if table.temperature == 0 else episodes)]))
+    return merge_tables(per)
+
+
+def full_counts(tables, draft_length: int = 11, episodes: int = 8, seed: int = 0) -> dict:
+    """The full-cache draft's point over ``tables`` (each table's ``full_q`` row in every row: exact, no selection)."""
+    full = [ReplayTable(**{**t.__dict__, "q": np.broadcast_to(t.full_q, t.q.shape)}) for t in tables]
+    return replay_counts(full, None, draft_length, episodes, seed)
+
+
+def table_point(runs: list[Replay]) -> dict:
+    """One table's AL and counts, averaged over its replays."""
+    return {"acceptance_length": float(np.mean([r.acceptance_length() for r in runs])),
+            "refreshes": float(np.mean([r.refreshes for r in runs])), "tokens": float(np.mean([r.g for r in runs])),
+            "rounds": float(np.mean([len(r.rounds) for r in runs])),
+            "drafted": float(np.mean([sum(x.draft_length for x in r.rounds) for r in runs]))}
+
+
+def merge_tables(per: list[dict]) -> dict:
+    """Per-table numbers as one point: AL the mean over tables, counts summed, refreshes per 1K over all tokens."""
+    def total(key):  # a count stays an integer when every table's is (greedy: one replay each)
+        x = sum(p[key] for p in per)
+        return int(x) if float(x).is_integer() else x
+
+    tokens = total("tokens")
+    return {"acceptance_length": float(np.mean([p["acceptance_length"] for p in per])),
+            "refreshes_per_1k": 1000 * sum(p["refreshes"] for p in per) / tokens, "refreshes": total("refreshes"),
+            "tokens": tokens, "rounds": total("rounds"), "drafted": total("drafted"),
+            "al_std": 0.0, "refreshes_per_1k_std": 0.0, "per_prompt": per}

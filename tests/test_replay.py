@@ -1,0 +1,306 @@
+"""Replay tables (rift_ada.replay): the greedy replay equals the real decoder round for round, the file keeps its
+provenance and refuses what it does not fit, the oracle is optimal, the environment and its checkers."""
+
+import functools
+import itertools
+import json
+import subprocess
+import sys
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rift_ada import signals
+from rift_ada.layout import CacheLayout
+from rift_ada.refresh import NeverController, PeriodicController
+from rift_ada.refresh.base import refresh_wanted
+from rift_ada.replay import ReplayTable
+from rift_ada.replay.oracle import OraclePolicy, oracle_rounds, solve
+from rift_ada.replay.process import Replay, replay_counts
+from rift_ada.speculative import Decoding, SpeculativeDecoder
+from tests.conftest import cached_testbed_pair
+
+
+@functools.lru_cache(maxsize=None)
+def shipped_pair():
+    """The shipped pair: its copier makes greedy replay exact; the trained pair alone, a weak draft whose argmax
+    often sits on a near-tie, is where the table's dense history shows (docs/replay.md)."""
+    from rift_ada.models import load_pair
+
+    return load_pair("testbed", "testbed")
+
+LAYOUT = CacheLayout("rift", budget=64, refresh_grid=4)
+NEW = 96
+
+
+@functools.lru_cache(maxsize=None)
+def prompts() -> tuple:
+    from rift_ada.data import build_task_mix, encode
+
+    pair = cached_testbed_pair("testbed")
+    tasks = build_task_mix(pair.tokenizer, "low,sort", 2, 512, 3, "train")
+    return tuple(tuple(encode(pair.tokenizer, t.prompt)) for t in tasks)
+
+
+@functools.lru_cache(maxsize=None)
+def table(i: int = 0, temperature: float = 0.0, shipped: bool = False) -> ReplayTable:
+    from rift_ada.replay.build import build_table
+
+    pair = shipped_pair() if shipped else cached_testbed_pair("testbed")
+    return build_table(pair.target, pair.draft, list(prompts()[i]), LAYOUT, Decoding(4, temperature, seed=3), NEW,
+                       pair.tokenizer.eos_token_id, ("testbed-lm", "testbed-lm-draft"))
+
+
+def decoded(i: int, schedule, shipped: bool = True) -> tuple[list, list]:
+    """The real decoder's rounds (position, accepted, refreshed) and its observations, under ``schedule``: a
+    controller, or an oracle policy read at the decoder's own (generated, pending, row)."""
+    pair = shipped_pair() if shipped else cached_testbed_pair("testbed")
+    dec = SpeculativeDecoder.for_pair(pair, LAYOUT, Decoding(4, 0.0))
+    ids = list(prompts()[i])
+    dec.reset(ids, NEW)
+    rounds, obs, row = [], [], 0
+    while not dec.done:
+        g = len(dec.result.tokens)
+        pending = len(ids) + g - dec.dcache.length
+        obs.append(signals.observe(dec.state))
+        refresh = (schedule.at(g, pending, row) if isinstance(schedule, OraclePolicy)
+                   else refresh_wanted(schedule, dec.state))
+        row = (g - pending) // LAYOUT.refresh_grid if refresh else row
+        rec = dec.step(refresh)
+        rounds.append((rec.position, rec.accepted, rec.refreshed))
+    return rounds, obs
+
+
+def replayed(tab: ReplayTable, schedule) -> tuple[list, list]:
+    r = Replay(tab, 4)
+    r.reset()
+    rounds, obs = [], []
+    while not r.done:
+        obs.append(signals.observe(r.state))
+        refresh = schedule.decide(r) if isinstance(schedule, OraclePolicy) else refresh_wanted(schedule, r.state)
+        rec = r.step(refresh)
+        rounds.append((rec.position, rec.accepted, rec.refreshed))
+    return rounds, obs
+
+
+@pytest.mark.slow
+def test_greedy_replay_follows_the_decoder_round_for_round():
+    """The shipped pair, k = 4, budget 64 of 512-token prompts, grid 4, 96 tokens, two prompts: never, periodic 8, 16
+    and 24, and the oracle's schedule at two prices (a policy over (generated, pending, row) read at the decoder's own
+    state) give the same rounds in the real decoder and in replay: exactly without refreshes, and in >= 95% of all
+    rounds with them (a refresh scores a history the decoder computed under older selections, the table a dense one:
+    measured, docs/replay.md), each schedule's AL within 3%; the acceptance signals agree exactly where the rounds do,
+    the read-ahead closely."""
+    equal = compared = 0
+    for i in (0, 1):
+        tab = table(i, shipped=True)
+        for schedule in (NeverController(), PeriodicController(8), PeriodicController(16), PeriodicController(24),
+                         solve(tab, 4, 1.0), solve(tab, 4, 4.0)):
+            real, real_obs = decoded(i, schedule)
+            rep, rep_obs = replayed(tab, schedule)
+            name = type(schedule).__name__
+            if isinstance(schedule, NeverController):
+                assert real == rep, "no refresh: the table's row 0 is the decoder's prefill selection, exactly"
+            same = sum(a == b for a, b in zip(real, rep))
+            equal, compared = equal + same, compared + max(len(real), len(rep))
+            al = [np.mean([a + 1 for _, a, _ in x]) for x in (real, rep)]
+            assert al[1] == pytest.approx(al[0], rel=0.03), name
+            assert any(r for *_, r in real) or not isinstance(schedule, PeriodicController)
+            agree = next((j for j, (a, b) in enumerate(zip(real, rep)) if a != b), len(real))
+            exact = [signals.index(n) for n in ("acc_1", "acc_mean", "since_refresh", "position", "acc_fresh")]
+            np.testing.assert_allclose(np.array(real_obs)[:agree, exact], np.array(rep_obs)[:agree, exact], atol=1e-6)
+            if isinstance(schedule, NeverController):
+                np.testing.assert_allclose(np.array(real_obs), np.array(rep_obs), atol=1e-3)
+    assert equal / compared >= 0.95, (equal, compared)
+
+
+def test_table_file_keeps_provenance_and_refuses_what_it_does_not_fit(tmp_path):
+    tab = table(0)
+    path = tab.save(tmp_path / "t.safetensors")
+    back = ReplayTable.load(path)
+    for name in ("tokens", "q", "entropy", "focus", "runway", "drift", "full_q"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(tab, name))
+    assert back.header == tab.header and back.grid == 4 and back.rows == -(-(NEW - 1) // 4)
+    pair = cached_testbed_pair("testbed")
+    from rift_ada.replay.table import fingerprint, layout_dict
+
+    back.check(target=fingerprint(pair.target), draft=fingerprint(pair.draft), layout=layout_dict(LAYOUT),
+               temperature=0.0)
+    with pytest.raises(ValueError, match=r"t.safetensors was built with temperature 0.0, not 1.0: rebuild") as e:
+        back.check(temperature=1.0)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="built with layout"):
+        back.check(layout=layout_dict(CacheLayout("rift", budget=64, refresh_grid=8)))
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(ValueError, match="not a replay table"):
+        ReplayTable.load(bad)
+    from safetensors.numpy import save_file
+
+    save_file({"x": np.zeros(3)}, str(tmp_path / "other.safetensors"), metadata={"header": json.dumps({"format": 1})})
+    with pytest.raises(ValueError, match="not a replay table of format"):
+        ReplayTable.load(tmp_path / "other.safetensors")
+
+
+def test_table_refuses_a_layout_it_cannot_stand_for():
+    from rift_ada.replay.build import build_table
+
+    pair = cached_testbed_pair("testbed")
+    ids = list(prompts()[0])
+    with pytest.raises(ValueError, match="refreshes"):
+        build_table(pair.target, pair.draft, ids, CacheLayout("rift", budget=64, store=False), Decoding(), 16)
+    with pytest.raises(ValueError, match="longer than the budget"):
+        build_table(pair.target, pair.draft, ids[:60], LAYOUT, Decoding(), 16)
+
+
+def test_oracle_is_the_cheapest_of_every_schedule():
+    """Greedy, a table cut to 32 tokens: the dynamic program's cost is what replaying its policy costs, and no refresh
+    decision sequence over the first 12 rounds (all 4,096, replayed) costs less, at two prices."""
+    tab = table(0)
+    n = 32
+    short = ReplayTable(**{**tab.__dict__, "header": {**tab.header, "max_new_tokens": n}, "tokens": tab.tokens[:n],
+                           "p": tab.p[:n], "full_q": tab.full_q[:n], "full_entropy": tab.full_entropy[:n],
+                           **{a: getattr(tab, a)[:-(-(n - 1) // 4), :n] for a in ("q", "entropy", "focus", "runway",
+                                                                                 "drift")}})
+    for price in (0.5, 3.0):
+        pol = solve(short, 4, price)
+        run = oracle_rounds(short, pol, 4)[0]
+        assert len(run.rounds) + price * run.refreshes == pytest.approx(pol.expected_cost)
+        best = np.inf
+        for bits in itertools.product([False, True], repeat=12):
+            r = Replay(short, 4)
+            r.reset()
+            while not r.done:
+                r.step(bits[len(r.rounds)] if len(r.rounds) < len(bits) else False)
+            best = min(best, len(r.rounds) + price * r.refreshes)
+        assert pol.expected_cost <= best + 1e-9
+
+
+def test_sampled_replay_keeps_drafts_with_the_rejection_rule_probability():
+    """Sampling: each drafted token u is accepted with probability min(1, q/p); the replayed acceptance of the first
+    draft of many rounds matches it, and the oracle's expected cost matches its replays' mean."""
+    tab = table(0, 1.0)
+    acc = tab.accept()
+    assert np.nanmax(acc) <= 1 and np.nanmin(acc) >= 0 and np.nanmean(acc[0]) < 1
+    pol = solve(tab, 4, 2.0)
+    runs = oracle_rounds(tab, pol, 4, episodes=300, seed=1)
+    costs = [len(r.rounds) + 2.0 * r.refreshes for r in runs]
+    assert np.mean(costs) == pytest.approx(pol.expected_cost, abs=4 * np.std(costs) / np.sqrt(len(costs)))
+    first = [(r.rounds[0].accepted > 0) for r in runs]
+    assert np.mean(first) == pytest.approx(acc[0, 1], abs=4 * np.sqrt(acc[0, 1] * (1 - acc[0, 1]) / 300) + 1e-9)
+
+
+def test_replay_env_checkers_seeds_and_speed():
+    from gymnasium.utils.env_checker import check_env as gym_check
+    from stable_baselines3.common.env_checker import check_env as sb3_check
+
+    import rift_ada.envs as envs
+
+    tabs = [table(0, 1.0), table(1, 1.0)]
+    env = gym.make(envs.REPLAY_ENV_ID, tables=tabs).unwrapped
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gym_check(env)
+        sb3_check(env)
+
+    def rollout(seed):
+        obs, _ = env.reset(seed=seed)
+        out = [obs]
+        while True:
+            obs, r, term, trunc, info = env.step(int(len(out) % 5 == 0))
+            out.append(np.append(obs, r))
+            if term:
+                return np.array(out[1:])
+
+    np.testing.assert_array_equal(rollout(7), rollout(7))
+    assert not np.array_equal(rollout(7), rollout(8))
+    with pytest.raises(ValueError, match="action must be 0"):
+        env.step(2)
+
+
+def test_replay_env_refuses_tables_of_other_settings():
+    from rift_ada.envs import ReplayEnv
+
+    with pytest.raises(ValueError, match="built with temperature"):
+        ReplayEnv([table(0), table(0, 1.0)])
+    with pytest.raises(ValueError, match="needs costs"):
+        ReplayEnv([table(0)], reward="time")
+
+
+def test_replay_counts_matches_the_replays():
+    tab = table(0)
+    c = replay_counts([tab], PeriodicController(8), 4)
+    rounds, _ = replayed(tab, PeriodicController(8))
+    assert c["acceptance_length"] == pytest.approx(np.mean([a + 1 for _, a, _ in rounds]))
+    assert c["refreshes"] == sum(r for *_, r in rounds)
+
+
+def test_build_tables_resumes_and_the_cli_shows(tmp_path):
+    from rift_ada.replay.build import Builder, TableSpec, build_tables
+
+    pair = cached_testbed_pair("testbed")
+    builder = Builder("testbed-lm", "testbed-lm", LAYOUT, Decoding(4, 0.0), 24)
+    specs = [TableSpec("a", prompts()[0], 0)]
+    path = build_tables(builder, specs, tmp_path, pair, progress=False)[0]
+    mtime = path.stat().st_mtime_ns
+    assert build_tables(builder, specs, tmp_path, pair, progress=False)[0].stat().st_mtime_ns == mtime, "kept"
+    other = Builder("testbed-lm", "testbed-lm", LAYOUT, Decoding(4, 0.0), 32)
+    build_tables(other, specs, tmp_path, pair, progress=False)
+    assert ReplayTable.load(path).max_new_tokens == 32, "a table of other settings is rebuilt"
+    res = subprocess.run([sys.executable, "-m", "rift_ada.replay", "show", str(path), "--json"], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["rows"] == ReplayTable.load(path).rows and "never" in out["replayed"]
+    res = subprocess.run([sys.executable, "-m", "rift_ada.replay", "show", str(tmp_path / "x.safetensors")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "no such replay table" in res.stderr
+
+
+def test_imitation_fits_the_oracles_decisions_and_adds_its_own_states():
+    """DAgger on two sampled tables: the first round labels random schedules' states with the oracle's decisions, the
+    second adds the states the fitted tree reaches; labels are the oracle's (checked at replayed states), the tree
+    agrees with them more often than the majority class does, and a seed fixes everything."""
+    from rift_ada.controllers import fit_tree
+    from rift_ada.trainers.oracle_labels import imitate
+
+    tabs = [table(0, 1.0), table(1, 1.0)]
+
+    def fit(X, y, w):
+        return fit_tree(X, y, max_depth=3, sample_weight=w)
+
+    res = imitate(tabs, fit, 4, 1.0, rounds=2, episodes=3, period_range=(8, 32), seed=5)
+    assert [h["round"] for h in res.history] == [0, 1] and res.history[1]["states"] > res.history[0]["states"]
+    assert 0 < res.data.positive_rate < 1
+    agree = np.mean([res.controller.decide(x) == y for x, y in zip(res.data.X, res.data.y)])
+    assert agree > max(res.data.positive_rate, 1 - res.data.positive_rate), agree
+    again = imitate(tabs, fit, 4, 1.0, rounds=2, episodes=3, period_range=(8, 32), seed=5)
+    np.testing.assert_array_equal(again.data.X, res.data.X)
+    pol = solve(tabs[0], 4, 1.0)
+    r = Replay(tabs[0], 4)
+    r.reset(np.random.default_rng(0))
+    while not r.done:  # a label is the oracle's decision at the replayed state
+        assert pol.decide(r) == pol.at(r.g, r.pending, r.row)
+        r.step(pol.decide(r))
+
+
+def test_code_bases_by_name_and_one_line_refusals():
+    from rift_ada.data.sources import build_source_mix, source_folder
+
+    assert source_folder("stdlib") is None and source_folder("numpy").name == "numpy"
+    with pytest.raises(ValueError, match="neither 'stdlib', an installed package nor a folder"):
+        source_folder("no_such_code_base_here")
+    tok = cached_testbed_pair("testbed").tokenizer
+    mix = build_source_mix(tok, ["stdlib", "numpy"], "low,high", 2, 512, 0)
+    assert [src for src, _ in mix] == ["stdlib", "numpy", "stdlib", "numpy"]
+    assert [t.family for _, t in mix] == ["low", "high", "high", "low"], "each code base starts at the next family"
+    for argv, message in ((["build", "--refresh-grid", "0"], "refresh grid must be an integer in [1, 64]"),
+                          (["build", "--seeds", "0"], "--seeds must be >= 1"),
+                          (["build", "--source-dir", "no_such_code_base_here"], "neither 'stdlib'")):
+        res = subprocess.run([sys.executable, "-m", "rift_ada.replay", *argv, "--target", "testbed-lm", "--drafter",
+                              "testbed-lm", "--output-dir", "/tmp/never-written"], capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr

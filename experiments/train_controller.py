@@ -93,6 +93,9 @@ def parse_args(argv=None):
                         "or none")
     t.add_argument("--ppo-timesteps", type=int, default=100_000,
                    help="PPO environment steps (rounds) per lambda, rounded up to whole rollouts (128 x --n-envs)")
+    t.add_argument("--ppo-warmup", type=int, default=20_000,
+                   help="after cloning, steps in which only PPO's value function learns (more than --ppo-timesteps)")
+    t.add_argument("--ppo-lr", type=float, default=1e-4, help="PPO's learning rate")
     t.add_argument("--dqn-timesteps", type=int, default=100_000, help="DQN environment steps (rounds) per lambda")
     t.add_argument("--reward", default="tokens", choices=["tokens", "time"],
                    help="what PPO / DQN maximise: tokens = accepted drafts - lambda x --refresh-cost per refresh; time "
@@ -146,6 +149,8 @@ def parse_args(argv=None):
     require_positive(p, args, ("budget", "max_new_tokens", "prompts_per_source", "eval_prompts", "eval_seeds",
                                "tables_per_prompt", "train_new_tokens", "dagger_rounds", "label_episodes", "tree_depth", "ppo_timesteps",
                                "dqn_timesteps", "draft_length", "threads", "n_envs", "workers", "oracle_episodes"))
+    if args.ppo_warmup < 0 or args.ppo_lr <= 0:
+        p.error("--ppo-warmup must be >= 0 and --ppo-lr > 0")
     if any(x < 0 for x in args.lams + args.oracle_lams) or args.refresh_cost < 0 or args.label_price < 0:
         p.error("lambdas, prices and the refresh cost must be >= 0")
     if knob_problem(args) or any(not 0 < x < 1 for x in args.logistic_thresholds + args.tree_decisions):

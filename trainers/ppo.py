@@ -45,10 +45,13 @@ def progress_callback(total: int, desc: str):
 
 def train_ppo(env_fns, timesteps: int, seed: int = 0, callback=None, net_arch=(32, 32), n_steps: int = 128,
               learning_rate: float = 3e-4, ent_coef: float = 0.01, logger=None, progress: str | None = None,
-              subproc: bool = False, demonstrations=None):
+              subproc: bool = False, demonstrations=None, value_warmup: int = 0):
     """Train PPO on ``env_fns`` (thunks making RefreshEnvs or ReplayEnvs; RefreshEnvSpecs with ``subproc``), with a
     progress bar titled ``progress`` if given. ``demonstrations`` (observations, actions, weights): the policy first
-    clones them (:func:`clone`), then PPO improves on it. Returns (model, vec_normalize). Deterministic given
+    clones them (:func:`clone`), then, for ``value_warmup`` steps, only the value function learns (the policy
+    frozen), then PPO improves on the clone: without the warm-up the first updates' advantages come from an untrained
+    critic and undo the clone (on the main job's training tables, leave-one-code-base-out: 12% refresh savings
+    against periodic without, 27% with, docs/rift-ada.md). Returns (model, vec_normalize). Deterministic given
     ``seed`` (SB3 seeds python, numpy, torch and the envs), in one process or several."""
     from stable_baselines3 import PPO
 
@@ -59,8 +62,24 @@ def train_ppo(env_fns, timesteps: int, seed: int = 0, callback=None, net_arch=(3
                 policy_kwargs={"net_arch": list(net_arch)})
     if demonstrations is not None:
         clone(model, venv, *demonstrations, seed=seed)
+    warm = rollout_timesteps(value_warmup, len(env_fns), n_steps) if value_warmup > 0 else 0
+    if warm:
+        _warm_value(model, venv, warm, callback, logger, progress and f"{progress} (value warm-up)")
     return learn(model, venv, timesteps, rollout_timesteps(timesteps, len(env_fns), n_steps), callback, logger,
-                 progress)
+                 progress, reset=not warm)
+
+
+def _warm_value(model, venv, timesteps: int, callback, logger, progress):
+    """PPO's updates with the policy's own parameters frozen: the critic learns the clone's returns first."""
+    policy = model.policy
+    frozen = list(policy.mlp_extractor.policy_net.parameters()) + list(policy.action_net.parameters())
+    for p in frozen:
+        p.requires_grad_(False)
+    try:
+        learn(model, venv, timesteps, timesteps, callback, logger, progress)
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
 
 
 def clone(model, venv, observations, actions, weights=None, epochs: int = 10, batch: int = 256, lr: float = 1e-3,
@@ -92,15 +111,17 @@ def clone(model, venv, observations, actions, weights=None, epochs: int = 10, ba
     return losses
 
 
-def learn(model, venv, timesteps: int, bar_total: int, callback=None, logger=None, progress: str | None = None):
+def learn(model, venv, timesteps: int, bar_total: int, callback=None, logger=None, progress: str | None = None,
+          reset: bool = True):
     """``model.learn`` with SB3's logger routed (e.g. to W&B) and a progress bar of ``bar_total`` steps titled
-    ``progress`` (none if None). Returns (model, venv)."""
+    ``progress`` (none if None); ``reset=False`` continues the step count of an earlier call. Returns (model,
+    venv)."""
     if logger is not None:
         model.set_logger(logger)
     if progress is not None:
         bar = progress_callback(bar_total, progress)
         callback = bar if callback is None else [callback, bar]
-    model.learn(total_timesteps=timesteps, callback=callback, progress_bar=False)
+    model.learn(total_timesteps=timesteps, callback=callback, progress_bar=False, reset_num_timesteps=reset)
     return model, venv
 
 

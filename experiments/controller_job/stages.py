@@ -207,7 +207,10 @@ def _train(state, run, args, learner, lam, name, train_tables, cost_model, label
     run.define_metric(f"{prefix}/*", step_metric=f"{prefix}/timesteps")
     fit_fn, export_fn, timesteps = {"ppo": (train_ppo, export_ppo, args.ppo_timesteps),
                                     "dqn": (train_dqn, export_dqn, args.dqn_timesteps)}[learner]
-    extra = {"demonstrations": labelled} if learner == "ppo" and args.clone else {}
+    extra = {}
+    if learner == "ppo":  # no entropy bonus on a clone: it would pull the clone back towards random
+        extra = dict(learning_rate=args.ppo_lr, **(dict(demonstrations=labelled, value_warmup=args.ppo_warmup,
+                                                        ent_coef=0.0) if args.clone else {}))
     model, venv = fit_fn(env_fns, timesteps, seed=args.seed, logger=sb3_logger(run.log, prefix),
                          progress=f"{learner.upper()} lambda={lam:g}", **extra)
     venv.close()

@@ -14,7 +14,8 @@ Defaults: the paper's RIFT-ada setting as far as 2 cores allow: the shipped pair
 2. A decision tree and a logistic controller imitating the oracle's decisions (the best schedule over a table at
    --label-price, by dynamic programming), on the states random schedules and then the fitted controllers reach
    (DAgger); PPO and DQN (stable-baselines3) trained in the replay environment (``rift_ada/Replay-v0``) per
-   refresh-cost weight lambda, --reward tokens or time.
+   refresh-cost weight lambda, --reward tokens or time (PPO first clones the oracle whose cost is that reward, then
+   its critic warms up with the clone frozen, then PPO improves on it).
 3. Every family swept across its knob in the real decoder on the held-out prompts (periodic: period; tree /
    logistic: decision level; PPO, DQN: lambda) over --eval-seeds seeds; the oracle's points from the held-out
    tables at each --oracle-lams.
@@ -103,7 +104,7 @@ def parse_args(argv=None):
                         "lambda weighting the refresh time; see envs/refresh_env.py)")
     t.add_argument("--refresh-cost", type=float, default=2.0,
                    help="cost of one refresh in draft-token equivalents (--reward tokens)")
-    t.add_argument("--lams", type=float, nargs="+", default=[4.0],
+    t.add_argument("--lams", type=float, nargs="+", default=[8.0],
                    help="refresh-cost weights for the learners (their knob on the tradeoff curve)")
     t.add_argument("--n-envs", type=int, default=8, help="replay envs stepping together for PPO / DQN")
     t.add_argument("--no-shaping", dest="shaping", action="store_false",
@@ -238,7 +239,7 @@ def main(argv=None) -> int:
     fitted, labelled = stages.fit(state, run, train_tables, args)
     knobs = stages.choose_knobs(state, run, train_tables, fitted, args)
     fit_s = time.time() - t0
-    learned, learn_s = stages.learn(state, run, args, train_tables, costs, labelled)
+    learned, learn_s = stages.learn(state, run, args, train_tables, costs)
     points = stages.sweep_points(args, labelled[0], fitted, knobs, learned)
     results = stages.run_sweep(state, points, ctx, setting, layout, evals, args)
     full, oracle = stages.replayed_points(state, heldout_tables, args)

@@ -175,11 +175,11 @@ def choose_knobs(state, run, train_tables, fitted: dict, args) -> dict:
     return {family: knobs or chosen[family] for family, knobs in given.items()}
 
 
-def learn(state, run, args, train_tables, cost_model, labelled) -> tuple[dict, float]:
+def learn(state, run, args, train_tables, cost_model) -> tuple[dict, float]:
     """One PPO / DQN run per learner and lambda on the replay environment over the training tables (a unit each, its
     export beside it), the reward shaped by the oracle's cost to go (``ReplayEnv(shaping=True)``, unless
-    --no-shaping) and PPO's policy first cloning the oracle's decisions at the ``labelled`` states (X, y, weights;
-    unless --no-clone): ({(learner, lambda): controller}, seconds spent on them over all sessions)."""
+    --no-shaping) and PPO's policy first cloning the decisions of the oracle whose cost is its reward (unless
+    --no-clone): ({(learner, lambda): controller}, seconds spent on them over all sessions)."""
     from rift_ada.refresh.registry import KINDS
 
     learned, seconds = {}, 0.0
@@ -187,13 +187,13 @@ def learn(state, run, args, train_tables, cost_model, labelled) -> tuple[dict, f
         for lam in args.lams:
             name = f"{learner}-lam{lam:g}"
             unit = state.unit(name, lambda lr=learner, lam=lam, name=name: _train(
-                state, run, args, lr, lam, name, train_tables, cost_model, labelled))
+                state, run, args, lr, lam, name, train_tables, cost_model))
             seconds += unit["seconds"]
             learned[learner, lam] = KINDS[learner].load(state.path(f"{name}.pt"))  # the same weights, resumed or not
     return learned, seconds
 
 
-def _train(state, run, args, learner, lam, name, train_tables, cost_model, labelled) -> dict:
+def _train(state, run, args, learner, lam, name, train_tables, cost_model) -> dict:
     from rift_ada.envs import ReplayEnv
     from rift_ada.trainers.dqn import export_dqn, train_dqn
     from rift_ada.trainers.ppo import export_ppo, train_ppo
@@ -209,13 +209,27 @@ def _train(state, run, args, learner, lam, name, train_tables, cost_model, label
                                     "dqn": (train_dqn, export_dqn, args.dqn_timesteps)}[learner]
     extra = {}
     if learner == "ppo":  # no entropy bonus on a clone: it would pull the clone back towards random
-        extra = dict(learning_rate=args.ppo_lr, **(dict(demonstrations=labelled, value_warmup=args.ppo_warmup,
-                                                        ent_coef=0.0) if args.clone else {}))
+        extra = dict(learning_rate=args.ppo_lr, **(dict(demonstrations=_demonstrations(train_tables, env, args),
+                                                        value_warmup=args.ppo_warmup, ent_coef=0.0)
+                                                   if args.clone else {}))
     model, venv = fit_fn(env_fns, timesteps, seed=args.seed, logger=sb3_logger(run.log, prefix),
                          progress=f"{learner.upper()} lambda={lam:g}", **extra)
     venv.close()
     atomic_write(state.path(f"{name}.pt"), export_fn(model, venv, lam).save)  # before the unit's JSON
     return {"lam": lam}
+
+
+def _demonstrations(train_tables, env: dict, args):
+    """(X, y, weights): the decisions, at the states of random periodic schedules, of the oracle whose cost is the
+    env's reward (its lambda, reward kind and costs), so the clone starts where that reward's optimum is."""
+    from rift_ada.envs import ReplayEnv
+    from rift_ada.trainers.oracle_labels import RandomPeriods, label_states
+
+    oracles = ReplayEnv(train_tables, **{**env, "shaping": True}).oracles
+    period = tuple(args.behaviour_periods)
+    data = label_states(train_tables, oracles, args.draft_length, lambda g: RandomPeriods(period, g),
+                        args.label_episodes, np.random.default_rng(args.seed))
+    return data.X, data.y, data.weight
 
 
 def sweep_points(args, observed, fitted: dict, knobs: dict, learned: dict) -> list[Point]:

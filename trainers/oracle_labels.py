@@ -99,6 +99,16 @@ class ImitationResult:
     history: list = field(default_factory=list)  # per round: states, positive rate, training accuracy
 
 
+def demonstrations(tables: Sequence[ReplayTable], policies: Sequence[OraclePolicy], draft_length: int,
+                   period_range: tuple[int, int] = (16, 192), episodes: int = 4, seed: int = 0):
+    """(X, y, weights) for behaviour cloning (``rift_ada.trainers.ppo.clone``): the ``policies``' decisions (e.g. the
+    oracles whose cost is an env's reward: ``ReplayEnv(shaping=True).oracles``) at the states of random periodic
+    schedules. Deterministic given ``seed``."""
+    data = label_states(tables, policies, draft_length, lambda g: RandomPeriods(tuple(period_range), g), episodes,
+                        np.random.default_rng(seed))
+    return data.X, data.y, data.weight
+
+
 def imitate(tables: Sequence[ReplayTable], fit: Callable[..., object], draft_length: int = 11,
             refresh_price: float = 4.0, rounds: int = 2, episodes: int = 4, period_range: tuple[int, int] = (16, 192),
             eps: float = 0.1, seed: int = 0, policies: Sequence[OraclePolicy] | None = None,

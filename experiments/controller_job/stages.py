@@ -220,16 +220,14 @@ def _train(state, run, args, learner, lam, name, train_tables, cost_model) -> di
 
 
 def _demonstrations(train_tables, env: dict, args):
-    """(X, y, weights): the decisions, at the states of random periodic schedules, of the oracle whose cost is the
-    env's reward (its lambda, reward kind and costs), so the clone starts where that reward's optimum is."""
+    """The clone's data: the decisions of the oracle whose cost is the env's reward (its lambda, reward kind and
+    costs), so the clone starts where that reward's optimum is."""
     from rift_ada.envs import ReplayEnv
-    from rift_ada.trainers.oracle_labels import RandomPeriods, label_states
+    from rift_ada.trainers.oracle_labels import demonstrations
 
     oracles = ReplayEnv(train_tables, **{**env, "shaping": True}).oracles
-    period = tuple(args.behaviour_periods)
-    data = label_states(train_tables, oracles, args.draft_length, lambda g: RandomPeriods(period, g),
-                        args.label_episodes, np.random.default_rng(args.seed))
-    return data.X, data.y, data.weight
+    return demonstrations(train_tables, oracles, args.draft_length, args.behaviour_periods, args.label_episodes,
+                          args.seed)
 
 
 def sweep_points(args, observed, fitted: dict, knobs: dict, learned: dict) -> list[Point]:

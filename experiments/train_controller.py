@@ -119,8 +119,8 @@ def parse_args(argv=None):
     # Every registered kind with a knob (--periods, --acc-thresholds, ...). The hand rules are off by default.
     add_knob_options(k, periods=[16, 32, 64], acc_thresholds=[], entropy_quantiles=[])
     k.add_argument("--tree-decisions", type=float, nargs="*", default=[],
-                   help="the tree controller's decision levels swept (default: the one with the largest saving on the "
-                        "training tables, in replay)")
+                   help="the tree controller's decision levels swept (default: one, chosen on the training tables in "
+                        "replay: the largest saving among levels at least as accurate as periodic refresh every 64)")
     k.add_argument("--logistic-thresholds", type=float, nargs="*", default=[],
                    help="the logistic controller's thresholds swept (default: chosen as the tree's level)")
     k.add_argument("--oracle-lams", type=float, nargs="*", default=[1.0, 2.0, 4.0, 8.0, 16.0],

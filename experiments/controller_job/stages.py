@@ -135,9 +135,9 @@ KNOB_CANDIDATES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 
 def choose_knobs(state, run, train_tables, fitted: dict, args) -> dict:
     """The tree's decision levels and the logistic controller's thresholds, where not given: on the *training*
-    tables (replay; a unit), the candidate with the largest refresh savings against periodic refresh at matched AL,
-    and the one with the largest savings among those at least as accurate as periodic refresh every 64 tokens (an
-    operating point at high AL; the first is often at low AL, where periodic refresh pays least).
+    tables (replay; a unit), the candidate with the largest refresh savings against periodic refresh at matched AL
+    among those at least as accurate as periodic refresh every 64 tokens (an operating point at high AL: the best
+    overall is often at low AL, where periodic refresh pays least), or the best overall where none is.
     Returns {"tree": [levels], "logistic": [thresholds]}."""
     from dataclasses import replace as with_knob
 
@@ -164,7 +164,7 @@ def choose_knobs(state, run, train_tables, fitted: dict, args) -> dict:
         chosen = {}
         for family in ("tree", "logistic"):
             mine = [r for r in rows if r["family"] == family]
-            chosen[family] = sorted(set(best(mine) + best([r for r in mine if r["acceptance_length"] >= high])))
+            chosen[family] = best([r for r in mine if r["acceptance_length"] >= high]) or best(mine)
             run.log({f"{family}/train_replay_savings": summary.get(family, {}).get("refresh_savings")})
         return {"chosen": chosen, "rows": [{k2: v for k2, v in r.items() if k2 != "per_prompt"} for r in rows]}
 

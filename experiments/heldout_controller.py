@@ -11,7 +11,8 @@ loaded by ``rift_ada.refresh``, neither scikit-learn nor stable-baselines3 impor
 (files, ``entropy:0.3``, ...). The oracle's points at each ``--oracle-lams`` come from replay tables of the same
 prompts and seeds (built into ``--tables-dir`` once; ``rift_ada.replay.oracle``). It prints the table and the matched
 comparison (refresh savings against periodic at matched AL, and the share of the oracle's saving at that AL each
-captures) and writes every number to ``--output`` (JSON).
+captures) and writes every number to ``--output`` (JSON). ``--replay-only`` skips the real decoder and replays every
+point on the tables (their expectation: many prompts for the time of a few decodes).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ def parse_args(argv=None):
     p.add_argument("--oracle-episodes", type=int, default=16, help="replays per table and price (sampling)")
     p.add_argument("--tables-dir", default="runs/heldout/tables", help="where the prompts' replay tables are kept")
     p.set_defaults(temperature=1.0)
+    p.add_argument("--replay-only", action="store_true",
+                   help="no real decode: every point replayed on the prompts' tables (expectation over "
+                        "--oracle-episodes replays; many prompts for the time of a few decodes)")
     p.add_argument("--workers", type=int, default=2,
                    help="processes decoding the points side by side, each with its own copy of the pair")
     p.add_argument("--output", default=None, help="also write every number here (JSON)")
@@ -52,6 +56,8 @@ def parse_args(argv=None):
     require_positive(p, args, ("seeds", "budget", "max_new_tokens", "oracle_episodes", "workers"))
     if any(x < 1 for x in args.periods) or any(x < 0 for x in args.oracle_lams):
         p.error("--periods must be >= 1 and --oracle-lams >= 0")
+    if args.replay_only and not args.oracle_lams:
+        p.error("--replay-only needs tables: give --oracle-lams")
     return args
 
 
@@ -114,24 +120,32 @@ def main(argv=None) -> int:
     seeds = args.seeds if args.temperature > 0 else 1  # greedy: every seed decodes the same tokens
     t0 = time.time()
     setting = workers.Setting(args.target, args.drafter, args.device, args.dtype, args.threads, decoding)
-    units = [(f"{i}", stages.sweep_unit, (pt, layout, prompts, args.max_new_tokens, seeds))
-             for i, pt in enumerate(pts)]
-    counts = workers.run_units(workers.MemoryState(), units, workers.Context(pair, decoding), setting, args.workers,
-                               "points", first=[f"{i}" for i, pt in enumerate(pts) if pt.family == "never"])
-    oracle, tables = oracle_rows(args, pair, layout, decoding, prompts, seeds)
+    if args.replay_only:
+        from rift_ada.replay.process import full_counts, replay_counts
+
+        oracle, tables = oracle_rows(args, pair, layout, decoding, prompts, seeds)
+        eps = (args.draft_length, args.oracle_episodes, args.seed)
+        counts = [full_counts(tables, *eps)] + [replay_counts(tables, pt.controller, *eps) for pt in pts[1:]]
+    else:
+        units = [(f"{i}", stages.sweep_unit, (pt, layout, prompts, args.max_new_tokens, seeds))
+                 for i, pt in enumerate(pts)]
+        counts = workers.run_units(workers.MemoryState(), units, workers.Context(pair, decoding), setting,
+                                   args.workers, "points", first=[f"{i}" for i, pt in enumerate(pts)
+                                                                  if pt.family == "never"])
+        oracle, tables = oracle_rows(args, pair, layout, decoding, prompts, seeds)
     pts, counts = pts + [p for p, _ in oracle], counts + [c for _, c in oracle]
     full_al = counts[0]["acceptance_length"]
     rows = [tradeoff_row(p, c, full_al) for p, c in zip(pts[1:], counts[1:])]
     summary = matched_comparison(rows)
     replayed = []
-    if tables:  # every point again in replay on the same prompts' tables: the oracle's world, like for like
+    if tables and not args.replay_only:  # every point again in replay on the same prompts' tables: the oracle's world, like for like
         from rift_ada.replay.process import replay_counts
 
         replayed = [tradeoff_row(p, c if p.family == "oracle" else replay_counts(
             tables, p.controller, args.draft_length, args.oracle_episodes, args.seed), full_al)
             for p, c in zip(pts[1:], counts[1:])]
         matched_comparison(replayed)
-    print(f"\n{args.target} / {args.drafter}, T = {args.temperature:g}, {len(prompts)} prompts ({args.task}"
+    print(f"\n{'replayed: ' if args.replay_only else ''}{args.target} / {args.drafter}, T = {args.temperature:g}, {len(prompts)} prompts ({args.task}"
           f"{', ' + args.source_dir if args.source_dir else ''}) x {seeds} seed(s), {args.max_new_tokens} new tokens, "
           f"budget {args.budget}: full-cache AL {full_al:.3f}")
     print("| family | knob | AL | +- | refreshes / 1K | fewer refreshes than periodic | share of oracle's saving |")

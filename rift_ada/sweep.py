@@ -170,7 +170,8 @@ def family_rows(points: Sequence[Point], counts: Sequence[dict], families: Seque
                 rows.append(row)
         for r in rows:
             r["al_vs_full"] = r["acceptance_length"] / full if full else None
-        out[fam] = rows
+        if rows:  # fewer prompts than families: some have none
+            out[fam] = rows
     return out
 
 

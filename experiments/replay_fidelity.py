@@ -43,6 +43,9 @@ def parse_args(argv=None):
     p.add_argument("--controller", nargs="*", default=[], help="learned controller files to compare as well")
     p.add_argument("--oracle-price", type=float, default=4.0, help="the oracle schedule's refresh price (rounds)")
     p.add_argument("--episodes", type=int, default=64, help="replays per table when sampling")
+    p.add_argument("--paired", action="store_true",
+                   help="sampling: replay each real run on a table of its own emitted tokens (the acceptance process "
+                        "given the same continuation: no sampling noise between the two; the oracle is skipped)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--output-dir", default="runs/fidelity")
@@ -96,15 +99,23 @@ def replayed(table, k, controller, policy, episodes, seed) -> list[list[tuple[in
 def unit(ctx, table_path, ids, temperature, seed, layout, args) -> dict:
     """One (prompt, temperature, seed): every schedule in the real decoder and in replay."""
     from rift_ada.replay import ReplayTable
+    from rift_ada.replay.build import build_table
     from rift_ada.replay.oracle import solve
 
     table = ReplayTable.load(table_path)
     decoder = ctx.decoder(layout)
     decoder.temperature, decoder.seed = temperature, seed
     out = {}
+    paired = args.paired and temperature > 0
     for name, controller in schedules(args):
+        if paired and name == "oracle":  # its schedule is the best for a table the decoder did not emit
+            continue
         policy = solve(table, args.draft_length, args.oracle_price) if name == "oracle" else None
         real = real_rounds(decoder, ids, args.max_new_tokens, controller, policy, layout.refresh_grid)
+        if paired:  # the table of the continuation this run emitted
+            table = build_table(ctx.pair.target, ctx.pair.draft, ids, layout, replace(ctx.decoding,
+                                temperature=temperature, seed=seed), args.max_new_tokens,
+                                ctx.pair.tokenizer.eos_token_id, tokens=decoder.result.tokens)
         reps = replayed(table, args.draft_length, controller, policy, args.episodes, seed)
         out[name] = {"real_al": float(np.mean([a + 1 for _, a, _ in real])), "real_refreshes": sum(r for *_, r in real),
                      "replay_al": float(np.mean([np.mean([a + 1 for _, a, _ in rep]) for rep in reps])),
@@ -164,7 +175,9 @@ def main(argv=None) -> int:
         print(f"\nT = {t}")
         for name, r in rows.items():
             eq = f" | equal rounds {100 * r['equal_share']:.1f}%" if "equal_share" in r else ""
-            print(f"{name:>14}: AL real {r['real_al']:.3f} replay {r['replay_al']:.3f} ({100 * r['al_diff']:+.2f}%) | "
+            se = "" if r["real_minus_replay_se"] is None else f" +- {r['real_minus_replay_se']:.3f}"
+            print(f"{name:>14}: AL real {r['real_al']:.3f} replay {r['replay_al']:.3f} ({100 * r['al_diff']:+.2f}%, "
+                  f"real - replay {r['real_minus_replay']:+.3f}{se}) | "
                   f"refreshes real {r['real_refreshes']:.1f} replay {r['replay_refreshes']:.1f}{eq}")
     return 0
 
@@ -181,7 +194,11 @@ def summarize(keys, results, args) -> dict:
                 continue
             xs = [m[name] for m in mine]
             real, rep = np.mean([x["real_al"] for x in xs]), np.mean([x["replay_al"] for x in xs])
+            diff = [x["real_al"] - x["replay_al"] for x in xs]
             rows[name] = {"real_al": float(real), "replay_al": float(rep), "al_diff": float(rep / real - 1),
+                          "real_minus_replay": float(np.mean(diff)),
+                          "real_minus_replay_se": float(np.std(diff, ddof=1) / np.sqrt(len(diff))) if len(diff) > 1
+                          else None,
                           "real_refreshes": float(np.mean([x["real_refreshes"] for x in xs])),
                           "replay_refreshes": float(np.mean([x["replay_refreshes"] for x in xs])), "runs": len(xs)}
             if t == 0:

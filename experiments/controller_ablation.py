@@ -54,16 +54,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         from rift_ada.replay import ReplayTable
+        from rift_ada.replay.table import job_tables
 
-        run = Path(args.run)
-        config = json.loads((run / "state" / "config.json").read_text())
-        opts = config.get("options", config)
-        train = [ReplayTable.load(f) for f in sorted((run / "tables").glob("train-*.safetensors"))]
-        held = Path(args.heldout_tables) if args.heldout_tables else run / "tables"
-        pattern = "*.safetensors" if args.heldout_tables else "heldout-*.safetensors"
-        heldout = [ReplayTable.load(f) for f in sorted(held.glob(pattern))]
-        if not train or not heldout:
-            raise FileNotFoundError(f"no replay tables in {run / 'tables'} (or {held}): run the main job first")
+        opts, train, heldout = job_tables(args.run)
+        if args.heldout_tables:
+            heldout = [ReplayTable.load(f) for f in sorted(Path(args.heldout_tables).glob("*.safetensors"))]
+        if not heldout:
+            raise FileNotFoundError(f"no held-out tables in {args.heldout_tables or args.run}")
         unknown = [v for v in args.variants if v not in GROUPS]
         if unknown:
             raise ValueError(f"unknown variant(s) {unknown}; choose among {list(GROUPS)}")

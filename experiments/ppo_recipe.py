@@ -38,14 +38,9 @@ def main(argv=None) -> int:
     p.add_argument("--episodes", type=int, default=8, help="replays per table and point (sampling)")
     args = p.parse_args(argv)
     try:
-        from rift_ada.replay import ReplayTable
+        from rift_ada.replay.table import job_tables
 
-        run = Path(args.run)
-        config = json.loads((run / "state" / "config.json").read_text())
-        opts = config.get("options", config)
-        train = [ReplayTable.load(f) for f in sorted((run / "tables").glob("train-*.safetensors"))]
-        if not train:
-            raise FileNotFoundError(f"no training tables in {run / 'tables'}: run the main job first")
+        opts, train, _ = job_tables(args.run)
         unknown = [v for v in args.variants if v not in VARIANTS]
         if unknown:
             raise ValueError(f"unknown variant(s) {unknown}; choose among {list(VARIANTS)}")

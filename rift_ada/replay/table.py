@@ -177,3 +177,19 @@ def _canon(v):
 def _short(v) -> str:
     text = json.dumps(v)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def job_tables(run) -> tuple[dict, list[ReplayTable], list[ReplayTable]]:
+    """A main job's output folder (``experiments/train_controller.py --output-dir``): its options
+    (``state/config.json``), its training tables (``tables/train-*``) and its held-out ones (``tables/heldout-*``).
+    FileNotFoundError (one line) if it has no training tables."""
+    run = Path(run)
+    if not (run / "state" / "config.json").is_file():
+        raise FileNotFoundError(f"{run} is not a main job's output folder (no state/config.json)")
+    config = json.loads((run / "state" / "config.json").read_text())
+    tables = run / "tables"
+    train = [ReplayTable.load(f) for f in sorted(tables.glob("train-*.safetensors"))]
+    if not train:
+        raise FileNotFoundError(f"no training tables in {tables}: run the main job first")
+    heldout = [ReplayTable.load(f) for f in sorted(tables.glob("heldout-*.safetensors"))]
+    return config.get("options", config), train, heldout

@@ -272,14 +272,14 @@ def test_imitation_fits_the_oracles_decisions_and_adds_its_own_states():
     def fit(X, y, w):
         return fit_tree(X, y, max_depth=3, sample_weight=w)
 
-    res = imitate(tabs, fit, 4, 1.0, rounds=2, episodes=3, period_range=(8, 32), seed=5)
+    res = imitate(tabs, fit, 4, 0.1, rounds=2, episodes=3, period_range=(8, 32), seed=5)
     assert [h["round"] for h in res.history] == [0, 1] and res.history[1]["states"] > res.history[0]["states"]
     assert 0 < res.data.positive_rate < 1
     agree = np.mean([res.controller.decide(x) == y for x, y in zip(res.data.X, res.data.y)])
     assert agree > max(res.data.positive_rate, 1 - res.data.positive_rate), agree
-    again = imitate(tabs, fit, 4, 1.0, rounds=2, episodes=3, period_range=(8, 32), seed=5)
+    again = imitate(tabs, fit, 4, 0.1, rounds=2, episodes=3, period_range=(8, 32), seed=5)
     np.testing.assert_array_equal(again.data.X, res.data.X)
-    pol = solve(tabs[0], 4, 1.0)
+    pol = solve(tabs[0], 4, 0.1)
     r = Replay(tabs[0], 4)
     r.reset(np.random.default_rng(0))
     while not r.done:  # a label is the oracle's decision at the replayed state

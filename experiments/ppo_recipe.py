@@ -1,6 +1,6 @@
 """What each part of PPO's recipe on replay does on code it never trained on: leave one training code base out.
 
-    python experiments/ppo_recipe.py --run runs/controller      # about 10 minutes per variant: replay only
+    python experiments/ppo_recipe.py --run runs/controller      # about 15 minutes per variant on one core
 
 Takes the training tables a finished main job built (``<run>/tables/train-*``) and its options (lambda, refresh
 cost, timesteps, label episodes, behaviour periods), and per variant and per training code base trains PPO on the
@@ -36,8 +36,14 @@ def main(argv=None) -> int:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), help=f"of: {', '.join(VARIANTS)}")
     p.add_argument("--periods", type=int, nargs="+", default=[8, 16, 24, 32, 48, 64, 96, 128])
     p.add_argument("--episodes", type=int, default=8, help="replays per table and point (sampling)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (1: PPO's small updates run fastest on one; several copies of this script "
+                        "side by side with more each crawl)")
     args = p.parse_args(argv)
     try:
+        import torch
+
+        torch.set_num_threads(args.threads)
         from rift_ada.replay.table import job_tables
 
         opts, train, _ = job_tables(args.run)

@@ -304,3 +304,44 @@ def test_code_bases_by_name_and_one_line_refusals():
                               "testbed-lm", "--output-dir", "/tmp/never-written"], capture_output=True, text=True,
                              timeout=300)
         assert res.returncode == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_value_warmup_leaves_the_cloned_policy_as_it_was():
+    """PPO's critic warm-up (trainers/ppo.py) learns the value function with the cloned policy frozen: after it the
+    policy's action logits equal the clone's alone, the critic's values do not."""
+    from rift_ada.envs import ReplayEnv
+    from rift_ada.trainers.oracle_labels import demonstrations
+    from rift_ada.trainers.ppo import train_ppo
+
+    tabs = [table(0, 1.0)]
+    env = dict(draft_length=4, lam=0.05, shaping=True)
+    demo = demonstrations(tabs, ReplayEnv(tabs, **env).oracles, 4, (8, 32), 2, seed=0)
+    runs = [train_ppo([lambda: ReplayEnv(tabs, **env) for _ in range(2)], 0, seed=0, demonstrations=demo,
+                      value_warmup=w, n_steps=32) for w in (0, 128)]
+    obs = torch.as_tensor(runs[0][1].normalize_obs(demo[0][:64]), dtype=torch.float32)
+    (cloned, _), (warmed, _) = runs
+    with torch.no_grad():
+        torch.testing.assert_close(cloned.policy.get_distribution(obs).distribution.logits,
+                                   warmed.policy.get_distribution(obs).distribution.logits)
+        assert not torch.allclose(cloned.policy.predict_values(obs), warmed.policy.predict_values(obs))
+    assert warmed.num_timesteps == 128 and cloned.num_timesteps == 0
+
+
+def test_heldout_replay_only_replays_every_point_on_the_prompts_tables(tmp_path):
+    """experiments/heldout_controller.py --replay-only: no real decode, every point replayed on tables it builds; a
+    controller file holding periodic refresh every 16 tokens lands exactly on the periodic-16 row."""
+    PeriodicController(16).save(tmp_path / "p16.json")
+    out = tmp_path / "out.json"
+    res = subprocess.run([sys.executable, "experiments/heldout_controller.py", "--controller", str(tmp_path / "p16.json"),
+                          "--compare", "periodic:32", "--source-dir", "stdlib", "--prompts", "2", "--input-tokens",
+                          "512", "--max-new-tokens", "48", "--budget", "128", "--temperature", "0", "--periods", "16",
+                          "--oracle-lams", "1", "--replay-only", "--tables-dir", str(tmp_path / "tables"),
+                          "--workers", "1", "--output", str(out)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = {(r["family"], str(r["knob"])): r for r in json.loads(out.read_text())["rows"]}
+    assert rows["controller", str(tmp_path / "p16.json")]["acceptance_length"] == rows["periodic", "16"]["acceptance_length"]
+    assert {"never", "periodic", "periodic:32", "oracle"} <= {f for f, _ in rows}
+    assert len(list((tmp_path / "tables").glob("*.safetensors"))) == 2
+    res = subprocess.run([sys.executable, "experiments/heldout_controller.py", "--controller", "x.json", "--replay-only",
+                          "--oracle-lams"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--replay-only needs tables" in res.stderr

@@ -185,6 +185,8 @@ def test_sampled_replay_keeps_drafts_with_the_rejection_rule_probability():
     tab = table(0, 1.0)
     acc = tab.accept()
     assert np.nanmax(acc) <= 1 and np.nanmin(acc) >= 0 and np.nanmean(acc[0]) < 1
+    # the rejection rule given the emitted token x: kept with probability min(1, q(x) / p(x)), not q(x)
+    np.testing.assert_allclose(acc, np.minimum(1.0, tab.q / tab.p[None]), rtol=1e-6)
     pol = solve(tab, 4, 2.0)
     runs = oracle_rounds(tab, pol, 4, episodes=300, seed=1)
     costs = [len(r.rounds) + 2.0 * r.refreshes for r in runs]

@@ -138,14 +138,15 @@ def main(argv=None) -> int:
     rows = [tradeoff_row(p, c, full_al) for p, c in zip(pts[1:], counts[1:])]
     summary = matched_comparison(rows)
     replayed = []
-    if tables and not args.replay_only:  # every point again in replay on the same prompts' tables: the oracle's world, like for like
+    if tables and not args.replay_only:  # every point again in replay on the same prompts' tables: like for like
         from rift_ada.replay.process import replay_counts
 
         replayed = [tradeoff_row(p, c if p.family == "oracle" else replay_counts(
             tables, p.controller, args.draft_length, args.oracle_episodes, args.seed), full_al)
             for p, c in zip(pts[1:], counts[1:])]
         matched_comparison(replayed)
-    print(f"\n{'replayed: ' if args.replay_only else ''}{args.target} / {args.drafter}, T = {args.temperature:g}, {len(prompts)} prompts ({args.task}"
+    print(f"\n{'replayed: ' if args.replay_only else ''}{args.target} / {args.drafter}, T = {args.temperature:g}, "
+          f"{len(prompts)} prompts ({args.task}"
           f"{', ' + args.source_dir if args.source_dir else ''}) x {seeds} seed(s), {args.max_new_tokens} new tokens, "
           f"budget {args.budget}: full-cache AL {full_al:.3f}")
     print("| family | knob | AL | +- | refreshes / 1K | fewer refreshes than periodic | share of oracle's saving |")

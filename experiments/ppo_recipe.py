@@ -72,7 +72,7 @@ def cross_validate(train, opts, variant, args) -> dict:
     from rift_ada.replay.oracle import oracle_counts
     from rift_ada.replay.process import merge_tables, replay_counts
     from rift_ada.tradeoff import matched_comparison
-    from rift_ada.trainers.oracle_labels import demonstrations
+    from rift_ada.trainers.oracle_labels import reward_demonstrations
     from rift_ada.trainers.ppo import export_ppo, train_ppo
 
     k, lam, seed = opts.get("draft_length", 11), opts["lams"][0], opts.get("seed", 0)
@@ -90,9 +90,8 @@ def cross_validate(train, opts, variant, args) -> dict:
         fold = [t for t, s in zip(train, source) if s != c]
         extra = {}
         if recipe["clone"]:
-            oracles = ReplayEnv(fold, **{**env, "shaping": True}).oracles
-            extra["demonstrations"] = demonstrations(fold, oracles, k, opts.get("behaviour_periods", (16, 192)),
-                                                     opts.get("label_episodes", 4), seed)
+            extra["demonstrations"] = reward_demonstrations(fold, env, opts.get("behaviour_periods", (16, 192)),
+                                                            opts.get("label_episodes", 4), seed)
         model, venv = train_ppo([lambda: ReplayEnv(fold, **env) for _ in range(opts.get("n_envs", 8))], timesteps,
                                 seed=seed, progress=f"{variant}: code base {c + 1}/{sources} left out",
                                 **{key: v for key, v in recipe.items() if key != "clone"}, **extra)

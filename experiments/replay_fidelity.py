@@ -102,7 +102,7 @@ def unit(ctx, table_path, ids, temperature, seed, layout, args) -> dict:
     from rift_ada.replay.build import build_table
     from rift_ada.replay.oracle import solve
 
-    table = ReplayTable.load(table_path)
+    table = None if table_path is None else ReplayTable.load(table_path)  # None: paired, built per run below
     decoder = ctx.decoder(layout)
     decoder.temperature, decoder.seed = temperature, seed
     out = {}
@@ -160,9 +160,14 @@ def main(argv=None) -> int:
                           args.max_new_tokens, args.device, args.dtype, args.threads)
         specs = [TableSpec(f"t{temperature:g}-p{i:02d}-s{s}", tuple(ids), args.seed + s)
                  for i, ids in enumerate(prompts) for s in range(seeds)]
-        paths = build_tables(builder, specs, out / "tables", pair, args.workers, progress=f"tables T={temperature:g}")
+        if args.paired and temperature > 0:  # each run builds the table of its own continuation instead
+            paths = [None] * len(specs)
+        else:
+            paths = build_tables(builder, specs, out / "tables", pair, args.workers,
+                                 progress=f"tables T={temperature:g}")
         for spec, path in zip(specs, paths):
-            units.append((spec.name, unit, (str(path), list(spec.prompt), temperature, spec.seed, layout, args)))
+            units.append((spec.name, unit, (path and str(path), list(spec.prompt), temperature, spec.seed, layout,
+                                            args)))
             keys.append((temperature, spec.name))
     setting = workers.Setting(args.target, args.drafter, args.device, args.dtype, args.threads, decoding)
     results = workers.run_units(state, units, workers.Context(pair, decoding), setting, args.workers,

@@ -109,6 +109,16 @@ def demonstrations(tables: Sequence[ReplayTable], policies: Sequence[OraclePolic
     return data.X, data.y, data.weight
 
 
+def reward_demonstrations(tables: Sequence[ReplayTable], env: dict, period_range: tuple[int, int] = (16, 192),
+                          episodes: int = 4, seed: int = 0):
+    """:func:`demonstrations` of the oracles whose cost is the reward of ``ReplayEnv(tables, **env)`` (its lambda,
+    reward kind and costs), so a clone starts where that reward's optimum is."""
+    from rift_ada.envs import ReplayEnv
+
+    oracles = ReplayEnv(tables, **{**env, "shaping": True}).oracles
+    return demonstrations(tables, oracles, env.get("draft_length", 11), period_range, episodes, seed)
+
+
 def imitate(tables: Sequence[ReplayTable], fit: Callable[..., object], draft_length: int = 11,
             refresh_price: float = 4.0, rounds: int = 2, episodes: int = 4, period_range: tuple[int, int] = (16, 192),
             eps: float = 0.1, seed: int = 0, policies: Sequence[OraclePolicy] | None = None,

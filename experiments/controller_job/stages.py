@@ -196,6 +196,7 @@ def learn(state, run, args, train_tables, cost_model) -> tuple[dict, float]:
 def _train(state, run, args, learner, lam, name, train_tables, cost_model) -> dict:
     from rift_ada.envs import ReplayEnv
     from rift_ada.trainers.dqn import export_dqn, train_dqn
+    from rift_ada.trainers.oracle_labels import reward_demonstrations
     from rift_ada.trainers.ppo import export_ppo, train_ppo
     from rift_ada.trainers.resume import atomic_write
     from rift_ada.trainers.wandb_logging import sb3_logger
@@ -207,27 +208,16 @@ def _train(state, run, args, learner, lam, name, train_tables, cost_model) -> di
     run.define_metric(f"{prefix}/*", step_metric=f"{prefix}/timesteps")
     fit_fn, export_fn, timesteps = {"ppo": (train_ppo, export_ppo, args.ppo_timesteps),
                                     "dqn": (train_dqn, export_dqn, args.dqn_timesteps)}[learner]
-    extra = {}
-    if learner == "ppo":  # no entropy bonus on a clone: it would pull the clone back towards random
-        extra = dict(learning_rate=args.ppo_lr, **(dict(demonstrations=_demonstrations(train_tables, env, args),
-                                                        value_warmup=args.ppo_warmup, ent_coef=0.0)
-                                                   if args.clone else {}))
+    extra = {"learning_rate": args.ppo_lr} if learner == "ppo" else {}
+    if learner == "ppo" and args.clone:  # no entropy bonus on a clone: it would pull the clone back towards random
+        extra.update(demonstrations=reward_demonstrations(train_tables, env, args.behaviour_periods,
+                                                          args.label_episodes, args.seed),
+                     value_warmup=args.ppo_warmup, ent_coef=0.0)
     model, venv = fit_fn(env_fns, timesteps, seed=args.seed, logger=sb3_logger(run.log, prefix),
                          progress=f"{learner.upper()} lambda={lam:g}", **extra)
     venv.close()
     atomic_write(state.path(f"{name}.pt"), export_fn(model, venv, lam).save)  # before the unit's JSON
     return {"lam": lam}
-
-
-def _demonstrations(train_tables, env: dict, args):
-    """The clone's data: the decisions of the oracle whose cost is the env's reward (its lambda, reward kind and
-    costs), so the clone starts where that reward's optimum is."""
-    from rift_ada.envs import ReplayEnv
-    from rift_ada.trainers.oracle_labels import demonstrations
-
-    oracles = ReplayEnv(train_tables, **{**env, "shaping": True}).oracles
-    return demonstrations(train_tables, oracles, args.draft_length, args.behaviour_periods, args.label_episodes,
-                          args.seed)
 
 
 def sweep_points(args, observed, fitted: dict, knobs: dict, learned: dict) -> list[Point]:

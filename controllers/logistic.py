@@ -1,15 +1,57 @@
-"""Fitting the logistic refresh controller with scikit-learn on refresh labels
-(the oracle's decisions over replay tables: ``rift_ada.trainers.oracle_labels``).
+"""The logistic controller family: P(refreshing now pays off) from the signals, fitted to the oracle's decisions over
+replay tables (:meth:`LogisticController.train`, in the main job).
 
-The fitted, standardised model folds into one weight vector and a bias: a ``rift_ada.refresh.LogisticController``,
-which decides and saves without scikit-learn.
+Fitting uses scikit-learn (:func:`fit_logistic`); loading and deciding do not. The fitted, standardised model folds into one weight vector and a bias (``w . (x - mean) / scale + b``), which
+is all ``decide`` and the exported JSON hold.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
+
 import numpy as np
 
-from rift_ada.refresh import LogisticController
+from rift_ada import signals
+from rift_ada.refresh.base import GapRule, Knob, check_observation, number, numbers, read_json, write_controller_file
+from rift_ada.refresh.registry import register
+
+
+@register
+@dataclass
+class LogisticController(GapRule):
+    kind: ClassVar[str] = "logistic"
+    knob: ClassVar[Knob] = Knob("logistic_thresholds", float, (), "the logistic controller's thresholds swept "
+                                "(default: chosen as the tree's level)", low=0, high=1, open=True, field="threshold")
+    weights: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    bias: float = 0.0
+    threshold: float = 0.5  # refresh when P(refresh helps) exceeds this: the knob of the tradeoff curve
+    min_gap: int = 0
+
+    def probability(self, observation) -> float:
+        obs = check_observation(observation).astype(np.float64)
+        if self.weights.shape != obs.shape:
+            raise ValueError("this logistic controller is not fitted (or was fitted on other signals)")
+        return float(1.0 / (1.0 + np.exp(-(obs @ self.weights + self.bias))))
+
+    def fires(self, obs: np.ndarray) -> bool:
+        return self.probability(obs) > self.threshold
+
+    def save(self, path) -> None:
+        write_controller_file(path, {"kind": "logistic", "weights": self.weights.tolist(), "bias": self.bias,
+                          "threshold": self.threshold, "min_gap": self.min_gap})
+
+    @classmethod
+    def load(cls, path) -> "LogisticController":
+        d = read_json(path, "logistic")
+        return cls(weights=np.asarray(numbers(d, "weights", path, len(signals.NAMES)), dtype=np.float64),
+                   bias=number(d, "bias", path), threshold=number(d, "threshold", path, minimum=0, maximum=1),
+                   min_gap=number(d, "min_gap", path, integer=True, minimum=0, default=0))
+
+    @classmethod
+    def train(cls, job) -> list:
+        fitted = job.imitate(cls, lambda X, y, w: fit_logistic(X, y, seed=job.args.seed, sample_weight=w))
+        return [(x, replace(fitted, threshold=x)) for x in job.levels(cls, fitted)]
 
 
 def fit_logistic(X: np.ndarray, y: np.ndarray, C: float = 1.0, seed: int = 0, sample_weight=None,

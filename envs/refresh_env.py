@@ -73,6 +73,7 @@ class RefreshEnv(gym.Env):
         self.action_space = gym.spaces.Discrete(2)
         self.observation_space = gym.spaces.Box(signals.LOW, signals.HIGH, dtype=np.float32)
         self.prompt_index = None
+        self._rounds, self._refresh = iter(()), False  # the decoder's loop over this episode's rounds, the action
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
@@ -86,6 +87,8 @@ class RefreshEnv(gym.Env):
         # Sampling randomness of the decoder follows the env's seed, so a seed fixes the whole trajectory.
         self.decoder.seed = int(self.np_random.integers(2**31))
         self.decoder.reset(self.prompts[i], self.max_new_tokens)
+        # The decoder's own loop, each round refreshing as the action given to step() says.
+        self._rounds = self.decoder.rounds(lambda state: self._refresh)
         return signals.observe(self.decoder.state), self._info(None)
 
     def step(self, action):
@@ -93,7 +96,8 @@ class RefreshEnv(gym.Env):
             raise RuntimeError("the episode has ended: call reset()")
         if not self.action_space.contains(int(action)):
             raise ValueError(f"action must be 0 (keep) or 1 (refresh), got {action!r}")
-        rec = self.decoder.step(bool(action))
+        self._refresh = bool(action)
+        rec = next(self._rounds)
         return signals.observe(self.decoder.state), self.reward(rec), self.decoder.done, False, self._info(rec)
 
     def reward(self, rec) -> float:

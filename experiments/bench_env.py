@@ -24,48 +24,41 @@ from rift_ada.cli import (ArgumentParser, add_cache_options, add_model_options, 
 
 def bench(specs, subproc: bool, steps: int, refresh_every: int) -> dict:
     """Step ``specs`` as one VecEnv until ``steps`` env steps in all; steps/s after the first reset."""
-    import numpy as np
-
     from rift_ada.envs.vec import make_vec_env
 
+    return step_until(lambda: make_vec_env(specs, subproc=subproc), "subproc" if subproc else "dummy", steps,
+                      refresh_every)
+
+
+def bench_replay(tables, n: int, steps: int, refresh_every: int) -> dict:
+    """``n`` ReplayEnvs over ``tables`` in SB3's DummyVecEnv (what PPO and DQN step) until ``steps`` env steps."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from rift_ada.envs import ReplayEnv
+
+    return step_until(lambda: DummyVecEnv([lambda: ReplayEnv(tables) for _ in range(n)]), "replay (dummy)", steps,
+                      refresh_every)
+
+
+def step_until(make_venv, vec: str, steps: int, refresh_every: int) -> dict:
+    """Build and reset a VecEnv (its start-up time), then step it until ``steps`` env steps in all, each env
+    refreshing every ``refresh_every``-th round of its episode."""
+    import numpy as np
+
     t0 = time.perf_counter()
-    venv = make_vec_env(specs, subproc=subproc)
+    venv = make_venv()
     venv.seed(0)
     venv.reset()
     startup = time.perf_counter() - t0
     n, done_steps, rounds = venv.num_envs, 0, np.zeros(venv.num_envs, dtype=int)
     t0 = time.perf_counter()
     while done_steps < steps:
-        actions = (rounds % refresh_every == 0).astype(int)
-        _, _, dones, _ = venv.step(actions)
-        rounds = np.where(dones, 0, rounds + 1)
-        done_steps += n
-    seconds = time.perf_counter() - t0
-    venv.close()
-    return {"envs": n, "vec": "subproc" if subproc else "dummy", "env_steps": done_steps, "seconds": seconds,
-            "steps_per_second": done_steps / seconds, "startup_seconds": startup}
-
-
-def bench_replay(tables, n: int, steps: int, refresh_every: int) -> dict:
-    """``n`` ReplayEnvs over ``tables`` in SB3's DummyVecEnv (what PPO and DQN step) until ``steps`` env steps."""
-    import numpy as np
-    from stable_baselines3.common.vec_env import DummyVecEnv
-
-    from rift_ada.envs import ReplayEnv
-
-    t0 = time.perf_counter()
-    venv = DummyVecEnv([lambda: ReplayEnv(tables) for _ in range(n)])
-    venv.seed(0)
-    venv.reset()
-    startup = time.perf_counter() - t0
-    done_steps, rounds = 0, np.zeros(n, dtype=int)
-    t0 = time.perf_counter()
-    while done_steps < steps:
         _, _, dones, _ = venv.step((rounds % refresh_every == 0).astype(int))
         rounds = np.where(dones, 0, rounds + 1)
         done_steps += n
     seconds = time.perf_counter() - t0
-    return {"envs": n, "vec": "replay (dummy)", "env_steps": done_steps, "seconds": seconds,
+    venv.close()
+    return {"envs": n, "vec": vec, "env_steps": done_steps, "seconds": seconds,
             "steps_per_second": done_steps / seconds, "startup_seconds": startup}
 
 

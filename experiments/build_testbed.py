@@ -14,7 +14,7 @@ Training state lives in --work-dir: a checkpoint every few minutes and each fini
 longer than one sitting survives. At the end the trained models go to --output-dir (default: the shipped assets,
 as ``lm-target/`` and ``lm-draft/``) with ``training_log.json``; then the disclosed copier's settings
 (``circuit.json``: CIRCUITS below and their calibration text) are written, the pair is composed
-(rift_ada/testbed/composed.py; its checksums are pinned in ``circuit.json``) and the testbed check runs on it.
+(testbed/composed.py; its checksums are pinned in ``circuit.json``) and the testbed check runs on it.
 """
 
 from __future__ import annotations
@@ -29,12 +29,11 @@ from pathlib import Path
 import torch
 
 from rift_ada.data.corpus import load_corpus
-from rift_ada.models import TESTBED_DIR
 from rift_ada.testbed.tokenizer import train_tokenizer
 from rift_ada.testbed.train import (ModelShape, SampleSource, Stage, Trainer, cpu_has_bf16, recipe_dict,
                                     total_tokens)
 from rift_ada.testbed.check import code_windows
-from rift_ada.testbed.composed import CIRCUITS, composed_folder, lm_folder, pin_checksums, write_settings
+from rift_ada.testbed.composed import ASSETS, CIRCUITS, composed_folder, lm_folder, pin_checksums, write_settings
 
 VOCAB = 1024
 SHAPES = {
@@ -91,7 +90,7 @@ def hardware() -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--output-dir", default=str(TESTBED_DIR),
+    p.add_argument("--output-dir", default=str(ASSETS),
                    help="where the trained lm-target/ and lm-draft/ folders and circuit.json go")
     p.add_argument("--work-dir", default="build/testbed", help="checkpoints and finished stages (default: %(default)s)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint or finished stage")
@@ -130,7 +129,7 @@ def main(argv=None) -> int:
     print(f"recipe: {len(stages)} stages, {total_tokens(stages) / 1e6:.1f}M tokens a model", file=sys.stderr)
     try:
         history = trainer.run(resume=args.resume, stop_after_stage=args.stop_after_stage)
-    except FileExistsError as e:
+    except (FileExistsError, ValueError) as e:  # a build there without --resume; a checkpoint it cannot read
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.stop_after_stage is not None and args.stop_after_stage < len(stages) - 1:
@@ -153,7 +152,7 @@ def main(argv=None) -> int:
     if args.no_compose:
         return 0
     # The disclosed copier: its settings and calibration text are stored beside the trained models; the composed
-    # pair is derived from them at load (rift_ada/testbed/composed.py) and never stored.
+    # pair is derived from them at load (testbed/composed.py) and never stored.
     t_compose = time.time()
     write_settings(out, CIRCUITS, code_windows(tokenizer, train_files, 4, 1024, seed=1), seed=args.seed)
     checksums = pin_checksums(out)

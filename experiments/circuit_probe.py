@@ -1,4 +1,4 @@
-"""Measure the testbed's copier (rift_ada/testbed/circuit.py) beside the trained models, alone and composed, with
+"""Measure the testbed's copier (testbed/circuit.py) beside the trained models, alone and composed, with
 its settings varied: the tool for changing the copier before a build stores new settings.
 
     python experiments/circuit_probe.py                          # the shipped trained models and settings (~5 min)
@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", default=None,
                    help="a folder with trained 'target' and 'draft' Llamas (tied embeddings; default: the shipped "
-                        "trained models, rift_ada/testbed/assets/lm-*)")
+                        "trained models, testbed/assets/lm-*)")
     p.add_argument("--prompts", type=int, default=12)
     p.add_argument("--input-tokens", type=int, default=2048)
     p.add_argument("--new-tokens", type=int, default=128)

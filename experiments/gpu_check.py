@@ -35,7 +35,9 @@ import time
 
 import torch
 
-from rift_ada.cli import ArgumentParser, add_runtime_options, apply_runtime, check_output, fail, write_output
+from rift_ada.bench import (add_benchmark_options, bare_forward_ms, compiled_graphs, draft_ms_per_step, prepare_run,
+                            shared_prefix, time_hf_assisted, timed, verify_ms_per_round, warm_up)
+from rift_ada.cli import ArgumentParser, add_runtime_options, fail, write_output
 
 # Shapes from the Qwen3 model cards (config.json of Qwen/Qwen3-8B and Qwen/Qwen3-4B).
 QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
@@ -64,91 +66,16 @@ def n_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-class Timer:
-    def __init__(self, device):
-        self.cuda = torch.device(device).type == "cuda"
-
-    def __call__(self, fn):
-        if self.cuda:
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        out = fn()
-        if self.cuda:
-            torch.cuda.synchronize()
-        return out, time.perf_counter() - t
-
-
-def shared_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
-def bare_forward_ms(model, prompt: list[int], q: int, timer, reps: int = 10) -> float:
-    """Median time of a ``q``-token forward after the prompt, on transformers' DynamicCache (cropped back each time)."""
-    from transformers import DynamicCache
-
-    with torch.inference_mode():
-        cache = DynamicCache(config=model.config)
-        ids = torch.tensor([prompt], device=model.device)
-        model(ids, cache=cache, logits_to_keep=1)
-        n = len(prompt)
-        pos = torch.arange(n, n + q, device=model.device)[None]
-        times = []
-        for _ in range(reps):
-            times.append(timer(lambda: model(ids[:, -q:], cache=cache, position_ids=pos, logits_to_keep=q))[1])
-            cache.crop(-q)
-    return 1000 * sorted(times)[len(times) // 2]
-
-
-def run_policy(dec, prompt, max_new, controller, peak_bytes_s, draft_weight_bytes):
-    """Decode once with ``rift_ada.profiling.profile_decode``: it times every step() from outside (so the phases the
-    decoder records can be subtracted: the rest is the framework's overhead) and the models' forwards inside."""
-    from rift_ada.profiling import profile_decode
-
-    prof = profile_decode(dec, prompt, max_new, controller)
-    prefill, total = prof.seconds - prof.step_seconds, prof.step_seconds
-    rounds = dec.result.rounds
-    steps = sum(r.draft_length for r in rounds)
-    phases = {p: sum(getattr(r, f"{p}_seconds") for r in rounds) for p in ("draft", "verify", "refresh", "rollback")}
-    kv = max(r.active_kv_bytes for r in rounds)
-    step_ms = 1000 * phases["draft"] / max(steps, 1)
-    return prof.tokens, {
-        "prefill_s": prefill,
-        "rounds": len(rounds),
-        "acceptance_length": len(prof.tokens[1:]) / max(len(rounds), 1),
-        "refreshes": dec.result.refreshes,
-        "draft_ms_per_step": step_ms,
-        "draft_active_kv_bytes": kv,
-        "draft_attention_read_ms_at_peak": 1000 * kv / peak_bytes_s,
-        "draft_weights_read_ms_at_peak": 1000 * draft_weight_bytes / peak_bytes_s,
-        "round_ms": 1000 * total / max(len(rounds), 1),
-        "verify_ms": 1000 * phases["verify"] / max(len(rounds), 1),
-        "round_split": {**{p: s / total for p, s in phases.items()},
-                        "overhead": max(total - sum(phases.values()), 0.0) / total},
-        # The same rounds split by work (profile_decode): model forwards, rescoring, everything else.
-        "forward_share": prof.forward_seconds / total,
-        "overhead_share": prof.overhead_share,
-        "decode_tokens_per_s": (len(prof.tokens) - 1) / total,  # after the first token (prefill excluded)
-        "tokens_per_s": len(prof.tokens) / prof.seconds,  # end to end, as HF generate is timed
-    }
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="toy shapes and lengths: tests this script on CPU")
-    p.add_argument("--lengths", type=int, nargs="+", default=None, help="input lengths (default 8192 16384 32768)")
-    p.add_argument("--budget", type=int, default=None, help="draft budget in tokens (default 8192; --tiny 128)")
-    p.add_argument("--period", type=int, default=32, help="rift-dyn: generated tokens between refreshes")
-    p.add_argument("--draft-length", type=int, default=11)
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    add_benchmark_options(p, lengths=None, lengths_help="input lengths (default 8192 16384 32768)", budget=None,
+                          budget_help="draft budget in tokens (default 8192; --tiny 128)", max_new_tokens=64,
+                          compile_help="also rift-dyn with the draft step and the verify compiled on static shapes "
+                                       "(rift_ada.static; CUDA graphs on GPU), after a warm-up that compiles them "
+                                       "(compile_s, never in the timed run)")
     p.add_argument("--peak-tb-s", type=float, default=4.8, help="device memory bandwidth, TB/s (H200: 4.8)")
     p.add_argument("--skip-testbed", action="store_true", help="skip the lossless check on the testbed pair")
-    p.add_argument("--compile", action="store_true",
-                   help="also rift-dyn with the draft step and the verify compiled on static shapes (rift_ada.static; "
-                        "CUDA graphs on GPU), after a warm-up that compiles them (compile_s, never in the timed run)")
-    p.add_argument("--output", default=None, help="also write the JSON here")
     add_runtime_options(p)
     args = p.parse_args(argv)
     args.lengths = args.lengths or ([256, 512] if args.tiny else [8192, 16384, 32768])
@@ -161,22 +88,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    lengths, budget = args.lengths, args.budget
     try:
-        apply_runtime(args)
-        check_output(args.output)
+        policies = prepare_run(args)
     except ValueError as e:
         return fail(e)
     device = args.device
-
-    from rift_ada.layout import CacheLayout
-    from rift_ada.models import assisted_reference, greedy_reference
-    from rift_ada.refresh import PeriodicController
-    from rift_ada.speculative import SpeculativeDecoder
-
     dtype = getattr(torch, args.dtype) if args.dtype else torch.float32 if device == "cpu" else torch.bfloat16
-    timer, peak = Timer(device), args.peak_tb_s * 1e12
-    max_len = max(lengths) + args.max_new_tokens + 16
+    max_len = max(args.lengths) + args.max_new_tokens + 16
     t0 = time.perf_counter()
     target = random_model(TINY_TARGET if args.tiny else QWEN3_8B, max_len, device, dtype, seed=1)
     draft = random_model(TINY_DRAFT if args.tiny else QWEN3_4B, max_len, device, dtype, seed=2)
@@ -186,39 +104,16 @@ def main(argv=None) -> int:
         "target": "tiny" if args.tiny else "Qwen3-8B shape", "draft": "tiny" if args.tiny else "Qwen3-4B shape",
         "target_params": sum(p.numel() for p in target.parameters()),
         "draft_params": sum(p.numel() for p in draft.parameters()),
-        "budget": budget, "period": args.period, "draft_length": args.draft_length,
+        "budget": args.budget, "period": args.period, "draft_length": args.draft_length,
         "max_new_tokens": args.max_new_tokens, "peak_tb_s": args.peak_tb_s, "init_s": time.perf_counter() - t0,
         "lengths": [],
     }
     print(json.dumps({k: v for k, v in report.items() if k != "lengths"}), file=sys.stderr, flush=True)
-    dw = n_bytes(draft)
     gen = torch.Generator().manual_seed(0)
-    layouts = {"full": (CacheLayout("full"), None),
-               "rift-stat": (CacheLayout("rift", budget, store=False), None),
-               "rift-dyn": (CacheLayout("rift", budget), PeriodicController(args.period))}
-    for length in lengths:
+    for length in args.lengths:
         prompt = torch.randint(0, target.config.vocab_size, (length,), generator=gen).tolist()
-        row = {"input_tokens": length}
-        plain, t_plain = timer(lambda: greedy_reference(target, prompt, args.max_new_tokens))
-        row["target_greedy_tokens_per_s"] = args.max_new_tokens / t_plain
-        for name, (layout, ctrl) in layouts.items():
-            dec = SpeculativeDecoder(target, draft, layout, args.draft_length)
-            tokens, row[name] = run_policy(dec, prompt, args.max_new_tokens, ctrl, peak, dw)
-            row[name]["shared_prefix_with_greedy"] = shared_prefix(tokens, plain)
-            del dec
-        if args.compile:
-            row.update(compiled_rift_dyn(target, draft, prompt, plain, layouts["rift-dyn"], args, timer, peak, dw))
-        for name, k in (("hf_assisted", args.draft_length), ("hf_assisted_default", None)):
-            hf, t_hf = timer(lambda: assisted_reference(target, draft, prompt, args.max_new_tokens, k))
-            row[name] = {"tokens_per_s": len(hf) / t_hf, "shared_prefix_with_greedy": shared_prefix(hf, plain)}
-        # The models alone, on HF's own cache: what a draft step and a verify pass cost without our loop around them.
-        row["bare_draft_forward_ms"] = bare_forward_ms(draft, prompt, 1, timer)
-        row["bare_verify_forward_ms"] = bare_forward_ms(target, prompt, args.draft_length + 1, timer)
-        if device.startswith("cuda"):
-            row["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            torch.cuda.reset_peak_memory_stats()
-        report["lengths"].append(row)
-        print(json.dumps(row), file=sys.stderr, flush=True)
+        report["lengths"].append(bench_length(target, draft, prompt, policies, args))
+        print(json.dumps(report["lengths"][-1]), file=sys.stderr, flush=True)
         write_output(args.output, report)  # each length as it finishes: a run cut short keeps what it measured
     del target, draft
     if not args.skip_testbed:
@@ -230,25 +125,82 @@ def main(argv=None) -> int:
     return 0
 
 
-def compiled_rift_dyn(target, draft, prompt, plain, layout_controller, args, timer, peak, dw) -> dict:
+def bench_length(target, draft, prompt: list[int], policies: dict, args) -> dict:
+    """One input length's row: plain greedy, our loop with each draft cache (and rift-dyn compiled), HF assisted
+    generation, and the models' bare forwards."""
+    from rift_ada.models import greedy_reference
+    from rift_ada.speculative import SpeculativeDecoder
+
+    peak, dw = args.peak_tb_s * 1e12, n_bytes(draft)
+    row = {"input_tokens": len(prompt)}
+    plain, t_plain = timed(lambda: greedy_reference(target, prompt, args.max_new_tokens), args.device)
+    row["target_greedy_tokens_per_s"] = args.max_new_tokens / t_plain
+    for name, policy in policies.items():
+        dec = SpeculativeDecoder(target, draft, policy.layout, args.draft_length)
+        tokens, row[name] = run_policy(dec, prompt, args.max_new_tokens, policy.controller, peak, dw)
+        row[name]["shared_prefix_with_greedy"] = shared_prefix(tokens, plain)
+        del dec
+    if args.compile:
+        row.update(compiled_rift_dyn(target, draft, prompt, plain, policies["rift-dyn"], args, peak, dw))
+    hf = time_hf_assisted(target, draft, [prompt], args.max_new_tokens, args.draft_length, device=args.device)
+    for name, ([tokens], seconds) in hf.items():
+        row[name] = {"tokens_per_s": len(tokens) / seconds, "shared_prefix_with_greedy": shared_prefix(tokens, plain)}
+    # The models alone, on HF's own cache: what a draft step and a verify pass cost without our loop around them.
+    row["bare_draft_forward_ms"] = bare_forward_ms(draft, prompt, 1)
+    row["bare_verify_forward_ms"] = bare_forward_ms(target, prompt, args.draft_length + 1)
+    if args.device.startswith("cuda"):
+        row["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        torch.cuda.reset_peak_memory_stats()
+    return row
+
+
+def run_policy(dec, prompt, max_new, controller, peak_bytes_s, draft_weight_bytes):
+    """Decode once with ``rift_ada.profiling.profile_decode``: it times every step() from outside (so the phases the
+    decoder records can be subtracted: the rest is the framework's overhead) and the models' forwards inside."""
+    from rift_ada.profiling import profile_decode
+
+    prof = profile_decode(dec, prompt, max_new, controller)
+    prefill, total = prof.seconds - prof.step_seconds, prof.step_seconds
+    rounds = dec.result.rounds
+    phases = {p: sum(getattr(r, f"{p}_seconds") for r in rounds) for p in ("draft", "verify", "refresh", "rollback")}
+    kv = max(r.active_kv_bytes for r in rounds)
+    return prof.tokens, {
+        "prefill_s": prefill,
+        "rounds": len(rounds),
+        "acceptance_length": len(prof.tokens[1:]) / max(len(rounds), 1),
+        "refreshes": dec.result.refreshes,
+        "draft_ms_per_step": draft_ms_per_step([dec.result]),
+        "draft_active_kv_bytes": kv,
+        "draft_attention_read_ms_at_peak": 1000 * kv / peak_bytes_s,
+        "draft_weights_read_ms_at_peak": 1000 * draft_weight_bytes / peak_bytes_s,
+        "round_ms": 1000 * total / max(len(rounds), 1),
+        "verify_ms": verify_ms_per_round([dec.result]),
+        "round_split": {**{p: s / total for p, s in phases.items()},
+                        "overhead": max(total - sum(phases.values()), 0.0) / total},
+        # The same rounds split by work (profile_decode): model forwards, rescoring, everything else.
+        "forward_share": prof.forward_seconds / total,
+        "overhead_share": prof.overhead_share,
+        "decode_tokens_per_s": (len(prof.tokens) - 1) / total,  # after the first token (prefill excluded)
+        "tokens_per_s": len(prof.tokens) / prof.seconds,  # end to end, as HF generate is timed
+    }
+
+
+def compiled_rift_dyn(target, draft, prompt, plain, policy, args, peak, dw) -> dict:
     """rift-dyn with the draft step and the verify compiled (``rift_ada.static``): a warm-up on the same prompt
     compiles them (``compile_s``; ``warmup_graphs``: the draft step's graph at the first length only, the verify's at
     each, as the target's static cache holds the prompt), then the timed run (``recompiles``: graphs compiled during
     it)."""
-    from torch._dynamo.utils import counters
-
     from rift_ada.speculative import SpeculativeDecoder
 
-    layout, ctrl = layout_controller
-    dec = SpeculativeDecoder(target, draft, layout, args.draft_length, draft_step="compiled", verify_step="compiled")
-    graphs = lambda: counters["stats"]["unique_graphs"]  # noqa: E731
-    before = graphs()
-    _, compile_s = timer(lambda: run_policy(dec, prompt, args.max_new_tokens, ctrl, peak, dw))
-    warm, before = graphs() - before, graphs()
-    tokens, row = run_policy(dec, prompt, args.max_new_tokens, ctrl, peak, dw)
+    dec = SpeculativeDecoder(target, draft, policy.layout, args.draft_length, draft_step="compiled",
+                             verify_step="compiled")
+    compile_s, warm = warm_up(lambda: run_policy(dec, prompt, args.max_new_tokens, policy.controller, peak, dw),
+                              args.device)
+    before = compiled_graphs()
+    tokens, row = run_policy(dec, prompt, args.max_new_tokens, policy.controller, peak, dw)
     row["shared_prefix_with_greedy"] = shared_prefix(tokens, plain)
     return {"rift-dyn-compiled": row, "compile_s": compile_s, "warmup_graphs": warm,
-            "recompiles": graphs() - before}
+            "recompiles": compiled_graphs() - before}
 
 
 def testbed_lossless(device: str, k: int) -> dict:

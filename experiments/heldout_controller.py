@@ -107,11 +107,10 @@ def main(argv=None) -> int:
         pts = points(args)
         from rift_ada.data import encode_prompts
         from rift_ada.models import load_pair
+        from rift_ada.resume import RunState
         from rift_ada.sweep import tradeoff_row
         from rift_ada.tradeoff import matched_comparison
-
-        from controller_job import stages, workers
-
+        from rift_ada.trainers.controller_job import stages, workers
         pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype)
         prompts = encode_prompts(pair.tokenizer, tasks_from_args(args, pair.tokenizer))
         decoding = decoding_from_args(args)
@@ -129,7 +128,7 @@ def main(argv=None) -> int:
     else:
         units = [(f"{i}", stages.sweep_unit, (pt, layout, prompts, args.max_new_tokens, seeds))
                  for i, pt in enumerate(pts)]
-        counts = workers.run_units(workers.MemoryState(), units, workers.Context(pair, decoding), setting,
+        counts = workers.run_units(RunState(), units, workers.Context(pair, decoding), setting,
                                    args.workers, "points", first=[f"{i}" for i, pt in enumerate(pts)
                                                                   if pt.family == "never"])
         oracle, tables = oracle_rows(args, pair, layout, decoding, prompts, seeds)

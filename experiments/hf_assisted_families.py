@@ -20,6 +20,7 @@ import sys
 import torch
 
 from rift_ada.architectures import FAMILIES, family
+from rift_ada.bench import generate_tokens, shared_prefix
 from rift_ada.hf import rift_generate
 from rift_ada.models import assisted_reference, first_line, greedy_reference
 
@@ -29,10 +30,8 @@ def outcome(run, reference: list[int]) -> str:
         tokens = run()
     except Exception as e:  # noqa: BLE001 - the point is to record what each path does
         return f"refused: {first_line(e)}"
-    diff = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), None)
-    if diff is None and len(tokens) == len(reference):
-        return "exact"
-    return f"differs at token {diff if diff is not None else min(len(tokens), len(reference))}"
+    same = shared_prefix(tokens, reference)
+    return "exact" if same == len(tokens) == len(reference) else f"differs at token {same}"
 
 
 def main(argv=None) -> int:
@@ -54,16 +53,13 @@ def main(argv=None) -> int:
             gen = torch.Generator().manual_seed(seed)
             prompt = torch.randint(0, 128, (args.prompt_tokens,), generator=gen).tolist()
             ref = greedy_reference(target, prompt, args.new_tokens)
-            ids = torch.tensor([prompt])
             row["hf_assisted"].append(outcome(
                 lambda: assisted_reference(target, draft, prompt, args.new_tokens, args.draft_length), ref))
             key = "rift_draft" if row["stateful"] else "assistant_model"  # generate refuses assistant_model there
-            row["rift_generate"].append(outcome(lambda: target.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens, do_sample=False,
-                eos_token_id=None, pad_token_id=0, custom_generate=rift_generate, rift_policy="rift-dyn",
+            row["rift_generate"].append(outcome(lambda: generate_tokens(
+                target, prompt, args.new_tokens, None, custom_generate=rift_generate, rift_policy="rift-dyn",
                 rift_budget=24, rift_period=8, rift_draft_length=args.draft_length, rift_layout={"obs_window": 8},
-                **{key: draft}
-            )[0, len(prompt):].tolist(), ref))
+                **{key: draft}), ref))
         rows.append(row)
         print(f"| {fam.key} | {'; '.join(sorted(set(row['hf_assisted'])))} | "
               f"{'; '.join(sorted(set(row['rift_generate'])))} |", flush=True)

@@ -73,7 +73,8 @@ def cross_validate(train, opts, variant, args) -> dict:
     from rift_ada.replay.process import merge_tables, replay_counts
     from rift_ada.tradeoff import matched_comparison
     from rift_ada.trainers.oracle_labels import reward_demonstrations
-    from rift_ada.trainers.ppo import export_ppo, train_ppo
+    from rift_ada.controllers import export_ppo
+    from rift_ada.trainers.ppo import train_ppo
 
     k, lam, seed = opts.get("draft_length", 11), opts["lams"][0], opts.get("seed", 0)
     env = dict(draft_length=k, lam=lam, refresh_cost=opts.get("refresh_cost", 2.0), shaping=opts.get("shaping", True))

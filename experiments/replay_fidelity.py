@@ -133,12 +133,12 @@ def main(argv=None) -> int:
     out = Path(args.output_dir)
     try:
         apply_runtime(args)
-        from controller_job import workers
+        from rift_ada.trainers.controller_job import workers
         from rift_ada.data import build_task_mix, encode
         from rift_ada.data.sources import source_folder
         from rift_ada.models import load_pair
         from rift_ada.replay.build import Builder, TableSpec, build_tables
-        from rift_ada.trainers.resume import RunState, write_json
+        from rift_ada.resume import RunState, write_json
 
         layout = policy_from_args(args, "rift-ada", controller="never").layout
         schedules(args)  # a bad controller file fails here

@@ -34,15 +34,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import io
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
-
-import torch
-from tqdm.auto import tqdm
 
 from rift_ada import distributed
 from rift_ada.cli import (ArgumentParser, add_model_options, add_runtime_options, apply_runtime, fail_in_group,
@@ -142,7 +139,6 @@ def _checked(p, argv):
     return args
 
 
-TRAIN_FAMILIES = ("low", "sort", "mixed", "high")
 # LoRA targets that change no query or key of the adapted layer (with --lora-layers -1: of any layer).
 SELECTION_PRESERVING = ("v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Options that change neither the target outputs nor training (evaluation options are checked per table row).
@@ -164,8 +160,6 @@ def main(argv=None) -> int:
                 raise ValueError(f"--grad-accum {args.grad_accum} (samples per optimizer step, the global batch) is "
                                  f"not a multiple of the {world} torchrun processes: use a multiple of {world}")
             if not distributed.is_main():  # rank 0 alone prints: the others' library progress bars and warnings too
-                import warnings
-
                 from transformers.utils import logging as hf_logging
 
                 hf_logging.disable_progress_bar()
@@ -176,78 +170,57 @@ def main(argv=None) -> int:
     return code
 
 
-def _on_main(fn):
-    """``fn()`` on rank 0 alone (it writes files); its ValueError is raised on every process, so all stop alike."""
-    err = None
-    if distributed.is_main():
-        try:
-            fn()
-        except ValueError as e:
-            err = str(e)
-    err = distributed.broadcast(err)
-    if err is not None:
-        raise ValueError(err)
-
-
 def _main(args, device: str) -> int:
-    from rift_ada import lora
     from rift_ada.models import load_pair
+    from rift_ada.resume import RunState, config_of
     from rift_ada.trainers import compressibility as C
-    from rift_ada.trainers.resume import RunState, config_of, write_json
+    from rift_ada.trainers import compressibility_eval as E
     from rift_ada.trainers.wandb_logging import ResumableRun
 
-    main = distributed.is_main()
-    out = Path(args.output_dir)
+    main, out, t_start = distributed.is_main(), Path(args.output_dir), time.time()
+    if args.no_resume and main:
+        for folder in ("checkpoints", "state"):
+            shutil.rmtree(out / folder, ignore_errors=True)
+    # Under torchrun rank 0 alone reads and writes the state; the others learn its answers (and stop on a refusal).
+    state = RunState(out / "state", collective=True)
     config = config_of(args, SESSION_OPTIONS + EVAL_OPTIONS)
-
-    def start_state():
-        if args.no_resume:
-            for folder in ("checkpoints", "state"):
-                shutil.rmtree(out / folder, ignore_errors=True)
-        if not args.build_targets_only:  # targets alone fix no training settings
-            RunState(out / "state").check_config(
-                config, "pass --no-resume to start over with these settings, or another --output-dir")
-
-    _on_main(start_state)  # rank 0 alone touches the state folder; every process stops on a refusal
-    state = RunState(out / "state") if main else None
-    t_start = time.time()
+    if not args.build_targets_only:  # targets alone fix no training settings
+        state.check_config(config, "pass --no-resume to start over with these settings, or another --output-dir")
     pair = load_pair(args.target, args.drafter, device=device, dtype=args.dtype, device_map=args.device_map)
-    targets, samples = target_outputs(args, pair, out)
+    targets = Path(args.targets) if args.targets else out / "targets"
+    samples = C.target_outputs(pair, targets, bool(args.targets), args.target, args.train_prompts, args.input_tokens,
+                               args.continuation_tokens, args.top_k, args.target_temperature, args.seed)
     if args.build_targets_only:
         if main:
             print(f"target outputs: {len(samples)} samples in {targets}")
         return 0
 
-    base = pair.draft  # the target itself for --drafter self: it stays unadapted and verifies
     run = None
     if main:  # one W&B run, rank 0's
         run = ResumableRun(state.path("wandb.json"), project=args.wandb_project, mode=args.wandb_mode, dir=str(out),
                            config=config, job_type="train_compressibility")
         run.define_metric("lora/*", step_metric="lora/step")
-    torch.manual_seed(args.seed)
-    student = lora.attach(copy.deepcopy(base), rank=args.lora_rank, alpha=2 * args.lora_rank,
-                          target_modules=args.lora_modules or lora.DEFAULT_TARGET_MODULES, layers=args.lora_layers)
+        run.define_metric("heldout/*", step_metric="lora/step")
+    held = E.HeldOut(task=args.eval_task, prompts=args.eval_prompts, input_tokens=args.input_tokens,
+                     new_tokens=args.eval_new_tokens, draft_length=args.draft_length, period=args.period,
+                     budgets=tuple(args.eval_budgets), temperatures=tuple(args.temperatures), seed=args.seed)
+    # Held-out prompts: the standard library's eval split, and a code base the models never saw (--source-dir).
+    eval_sets = {"stdlib-eval": E.eval_prompts(pair.tokenizer, held)}
+    if args.source_dir:
+        eval_sets["unseen"] = E.eval_prompts(pair.tokenizer, held, args.source_dir)
+    curve_set = "unseen" if args.source_dir else "stdlib-eval"
+    curve_ids = eval_sets[curve_set][:args.curve_prompts]  # the in-run curve's (every --eval-every steps)
+    curve = lambda model: E.curve_point(pair, model, curve_ids, held, args.curve_temperature)  # noqa: E731
     cfg = C.TrainConfig(steps=args.steps, lr=args.lr, grad_accum=args.grad_accum, budgets=tuple(args.budgets),
                         dense_share=args.dense_share, accept_weight=args.accept_weight, tv_weight=args.tv_weight,
                         window_fraction=args.window_fraction, period=args.period, dyn_share=args.dyn_share,
                         checkpoint_every=args.checkpoint_every, seed=args.seed)
-    # Held-out prompts: the standard library's eval split, and a code base the models never saw (--source-dir).
-    eval_sets = {"stdlib-eval": eval_prompts(pair.tokenizer, args, None)}
-    if args.source_dir:
-        eval_sets["unseen"] = eval_prompts(pair.tokenizer, args, args.source_dir)
-    curve_set = "unseen" if args.source_dir else "stdlib-eval"
-    if main:
-        run.define_metric("heldout/*", step_metric="lora/step")
-    curve = None
-    if args.eval_every:
-        curve_ids = eval_sets[curve_set][:args.curve_prompts]
-        curve = lambda model: heldout_al(pair, model, curve_ids, args)  # noqa: E731
     t0 = time.time()
-    trained = C.train(student, samples, cfg, out, resume=not args.no_resume, log=run.log if run else None,
-                      stop_after=args.stop_after, eval_fn=curve, eval_every=args.eval_every)
+    # The drafter (the target itself for --drafter self) stays unadapted: the untrained row, and the verifier.
+    student, trained = C.train_adapter(pair.draft, samples, cfg, out, args.lora_rank, args.lora_modules,
+                                       args.lora_layers, resume=not args.no_resume, log=run.log if run else None,
+                                       stop_after=args.stop_after, eval_fn=curve, eval_every=args.eval_every)
     train_s = time.time() - t0
-    if main:
-        lora.save(student, lora.fingerprint(base), out / "adapter")
     if args.stop_after is not None and trained["steps_done"] < args.steps:
         if main:
             print(f"stopped after step {trained['steps_done']} (checkpoint saved); rerun to resume", file=sys.stderr)
@@ -256,171 +229,18 @@ def _main(args, device: str) -> int:
 
     # The table: untrained vs trained drafter on held-out prompts, same prompts and seeds; one state unit per row.
     # Under torchrun every process evaluates its share of the prompts of every row (evaluate() gathers).
-    drafters = {"untrained": eval_drafter(base), "trained": eval_drafter(student)}
-    rows = [r for name, ids in eval_sets.items() for r in evaluate_table(pair, drafters, ids, args, state, name)]
+    drafters = {"untrained": E.eval_drafter(pair.draft), "trained": E.eval_drafter(student)}
+    rows = [r for name, ids in eval_sets.items() for r in E.evaluate_table(pair, drafters, ids, held, state, name)]
     if not main:
         return 0
-    table = format_table(rows)
     results = {"rows": rows, "train_seconds": train_s, "total_seconds": time.time() - t_start,
                "final_loss": trained["history"][-1]["loss"] if trained["history"] else None,
                "history": trained["history"], "curve": {"prompts": curve_set, "points": trained["evals"]},
                "samples": len(samples), "target_outputs": str(targets), "adapter": str(out / "adapter")}
-    write_json(out / "results.json", results)
-    (out / "table.md").write_text(table + "\n")
-    cols = list(rows[0])
-    run.log({"compressibility/table": wandb_table(cols, [[r[c] for c in cols] for r in rows])})
-    run.summary.update({"train_seconds": train_s, "total_seconds": results["total_seconds"]})
-    run.finish()
-    print(table)
+    print(E.write_results(out, results, run))
     print(f"\nadapter: {out / 'adapter'} | training {train_s:.0f} s | total {results['total_seconds']:.0f} s "
           "(this session)")
     return 0
-
-
-def target_outputs(args, pair, out: Path) -> tuple[Path, list]:
-    """The target's outputs to distil (their folder and samples): given (--targets), or built in <output-dir>/targets
-    (sharded under torchrun) unless a previous run built them there with the same options."""
-    from rift_ada.data import encode_prompts
-    from rift_ada.trainers import compressibility as C
-
-    targets = Path(args.targets) if args.targets else out / "targets"
-    if not (targets / "meta.json").is_file():
-        if args.targets:
-            raise FileNotFoundError(f"no target outputs in {str(targets)!r} (meta.json missing)")
-        tasks = training_tasks(pair.tokenizer, args.train_prompts, args.input_tokens, args.seed)
-        C.build_target_outputs(pair.target, encode_prompts(pair.tokenizer, tasks), args.continuation_tokens, targets,
-                               args.top_k, args.target_temperature, args.seed, args.target)
-    meta, samples = C.load_target_outputs(targets, vocab_size=pair.draft.config.vocab_size)
-    if not args.targets:
-        check_targets(meta, args, targets)
-    return targets, samples
-
-
-def training_tasks(tokenizer, n: int, input_tokens: int, seed: int) -> list:
-    """The training prompts: every task format the evaluation asks for (TRAIN_FAMILIES, interleaved so that any
-    prefix holds all of them), built from the standard library's training split, never from the eval split."""
-    from rift_ada.data import build_tasks
-
-    per = -(-n // len(TRAIN_FAMILIES))
-    built = [build_tasks(tokenizer, f, n=per, input_tokens=input_tokens, seed=seed + 100 + i, split="train")
-             for i, f in enumerate(tqdm(TRAIN_FAMILIES, desc="building prompts", disable=not distributed.is_main()))]
-    return [fam[i] for i in range(per) for fam in built][:n]
-
-
-def check_targets(meta: dict, args, folder: Path) -> None:
-    """Refuse target outputs in the output folder that were built with other options (an older run's)."""
-    want = {"target": args.target, "top_k": args.top_k, "temperature": args.target_temperature,
-            "continuation_tokens": args.continuation_tokens, "samples": args.train_prompts}
-    diff = [f"{k} {meta.get(k)!r} -> {v!r}" for k, v in want.items() if meta.get(k) != v]
-    if diff:
-        raise ValueError(f"{folder} holds target outputs built with other settings ({'; '.join(diff)}); delete it, "
-                         "or choose another --output-dir")
-
-
-def wandb_table(columns, data):
-    import wandb
-
-    return wandb.Table(columns=columns, data=data)
-
-
-def eval_prompts(tokenizer, args, source_dir) -> list[list[int]]:
-    """Held-out prompts: the standard library's eval split (source_dir None) or a code base's files."""
-    from rift_ada.data import build_tasks, encode_prompts
-
-    return encode_prompts(tokenizer, build_tasks(tokenizer, args.eval_task, n=args.eval_prompts,
-                                                 input_tokens=args.input_tokens, seed=args.seed,
-                                                 source_dir=source_dir, split=None if source_dir else "eval"))
-
-
-def eval_drafter(drafter):
-    """The drafter as evaluation runs it: an adapter merged into a copy (the same function: LoRA adds B @ A to each
-    weight), on the static draft step where the model supports it (2-3x faster on this CPU; the same tokens)."""
-    from rift_ada.architectures import UnsupportedModelError
-    from rift_ada.static import check_static
-
-    model = drafter
-    if hasattr(drafter, "merge_and_unload"):
-        model = copy.deepcopy(drafter).merge_and_unload()
-        model.eval()
-    try:
-        check_static(model, "draft")
-        return model, "static"
-    except UnsupportedModelError:  # another family, or sliding / hybrid layers: its own forward
-        return model, "model"
-
-
-def acceptance_length(pair, drafter, prompts, policy_name, budget, temperature, args) -> float:
-    from rift_ada.evaluate import evaluate
-    from rift_ada.policies import make_policy
-    from rift_ada.speculative import Decoding, SpeculativeDecoder
-
-    policy = make_policy(policy_name, budget=budget, period=args.period if policy_name == "rift-dyn" else None)
-    model, step = drafter
-    dec = SpeculativeDecoder.for_pair(pair, policy.layout, Decoding(args.draft_length, temperature, seed=args.seed,
-                                                                    draft_step=step), model)
-    with torch.inference_mode():
-        return evaluate(dec, prompts, policy.controller, args.eval_new_tokens).summary["acceptance_length"]
-
-
-def budget_tokens(prompts, fraction: float) -> int:
-    return max(2, round(fraction * sum(len(x) for x in prompts) / len(prompts)))
-
-
-def heldout_al(pair, drafter, prompts, args) -> dict:
-    """The in-run curve's point: AL of the drafter as it stands, full cache and rift-stat at each --eval-budgets."""
-    d = eval_drafter(drafter)
-    point = {"al_full": acceptance_length(pair, d, prompts, "full", None, args.curve_temperature, args)}
-    for frac in args.eval_budgets:
-        point[f"al_rift_stat_{frac:g}"] = acceptance_length(pair, d, prompts, "rift-stat", budget_tokens(prompts, frac),
-                                                            args.curve_temperature, args)
-    return point
-
-
-def evaluate_table(pair, drafters: dict, eval_ids, args, state, prompts: str = "stdlib-eval") -> list[dict]:
-    """The table's rows for one prompt set: AL of ``drafters["untrained"]`` and ``["trained"]`` (from
-    :func:`eval_drafter`) for every temperature, policy and budget."""
-    configs = [("full", None)] + [(pol, frac) for frac in args.eval_budgets for pol in ("rift-stat", "rift-dyn")]
-    settings = {k: getattr(args, k) for k in ("eval_prompts", "eval_new_tokens", "draft_length", "eval_task")}
-
-    def row(temp, pol_name, frac):
-        budget = None if frac is None else budget_tokens(eval_ids, frac)
-        al = {label: acceptance_length(pair, d, eval_ids, pol_name, budget, temp, args) for label, d in drafters.items()}
-        return {"prompts": prompts, "temperature": temp, "policy": pol_name, "budget_fraction": frac, "budget": budget,
-                "al_untrained": al["untrained"], "al_trained": al["trained"],
-                "relative_change": al["trained"] / al["untrained"] - 1}
-
-    cols = ("prompts", "temperature", "policy", "budget_fraction", "budget", "al_untrained", "al_trained",
-            "relative_change")
-    todo = [(temp, pol, frac) for temp in args.temperatures for pol, frac in configs]
-    rows = [unit(state, f"eval-{prompts}-t{temp:g}-{pol}-{'full' if frac is None else f'{frac:g}'}",
-                 lambda temp=temp, pol=pol, frac=frac: row(temp, pol, frac), settings)
-            for temp, pol, frac in tqdm(todo, desc=f"evaluation ({prompts})", disable=not distributed.is_main())]
-    return [{c: r[c] for c in cols} for r in rows]
-
-
-def unit(state, name: str, compute, key) -> dict:
-    """``state.unit(name, compute, key)`` in one process. Under torchrun rank 0 (``state``; None elsewhere) says
-    whether the unit is stored; if not, every process computes it (``compute`` is collective: evaluate() shards and
-    gathers) and rank 0 stores it. Every process returns rank 0's value."""
-    if distributed.world_size() == 1:
-        return state.unit(name, compute, key)
-    main = distributed.is_main()
-    stored = distributed.broadcast(state.load(name, key) if main else None)
-    if stored is not None:
-        return stored
-    t0 = time.time()
-    result = compute()
-    return distributed.broadcast(state.store(name, result, time.time() - t0, key) if main else None)
-
-
-def format_table(rows: list[dict]) -> str:
-    lines = ["| prompts | temperature | policy | budget | AL untrained | AL trained | change |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        budget = "full" if r["budget"] is None else f"{r['budget']} ({100 * r['budget_fraction']:.1f}%)"
-        lines.append(f"| {r['prompts']} | {r['temperature']:g} | {r['policy']} | {budget} | {r['al_untrained']:.3f} | "
-                     f"{r['al_trained']:.3f} | {100 * r['relative_change']:+.1f}% |")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -39,13 +39,18 @@ import sys
 import time
 from pathlib import Path
 
-from controller_job import report, stages, workers
-from rift_ada.cli import (ArgumentParser, add_cache_options, add_decoding_options, add_model_options,
-                          add_runtime_options, apply_runtime, decoding_from_args, fail, policy_from_args,
+import numpy as np
+
+from rift_ada import signals, sweep
+from rift_ada.cli import (ArgumentParser, add_cache_options, add_decoding_options, add_knob_options,
+                          add_learned_options, add_model_options, add_runtime_options, apply_runtime,
+                          decoding_from_args, fail, knob_problem, knob_values, learners_of, options_problem,
+                          policy_from_args,
                           require_positive)
-from rift_ada import sweep
-from rift_ada.sweep import add_knob_options, knob_problem
-from rift_ada.trainers.resume import config_of, open_state, write_json
+from rift_ada.refresh.registry import learned
+from rift_ada.resume import config_of, open_state
+from rift_ada.trainers.controller_job import report, stages, workers
+from rift_ada.trainers.controller_job.job import Job
 
 
 def parse_args(argv=None):
@@ -56,6 +61,35 @@ def parse_args(argv=None):
     add_decoding_options(p, max_new_tokens=1024)
     p.set_defaults(temperature=1.0, draft_step="static", verify_step="static")  # the paper samples; the fast path
     add_runtime_options(p)
+    add_job_options(p)
+    # Every registered rule with a knob (--periods, --acc-thresholds, ...). The hand rules are off by default.
+    add_knob_options(p.add_argument_group("tradeoff sweep"), periods=[16, 32, 64], acc_thresholds=[],
+                     entropy_quantiles=[])
+    # Every learned kind's knob and training options (--tree-decisions, --lams, --ppo-timesteps, ...) and --learners.
+    add_learned_options(p.add_argument_group("learned controllers"))
+    preset, _ = p.parse_known_args(argv)
+    if preset.preset in PRESETS:  # an unknown one is refused by the full parse below
+        p.set_defaults(**PRESETS[preset.preset])
+    args = p.parse_args(argv)
+    require_positive(p, args, ("budget", "max_new_tokens", "prompts_per_source", "eval_prompts", "eval_seeds",
+                               "tables_per_prompt", "train_new_tokens", "dagger_rounds", "label_episodes",
+                               "draft_length", "threads", "n_envs", "workers", "oracle_episodes"))
+    if any(x < 0 for x in args.oracle_lams) or args.refresh_cost < 0 or args.label_price < 0:
+        p.error("prices and the refresh cost must be >= 0")
+    problem = knob_problem(args) or knob_problem(args, learned()) or options_problem(args)
+    if problem or not 1 <= args.behaviour_periods[0] <= args.behaviour_periods[1]:
+        p.error(problem or "--behaviour-periods needs 1 <= LO <= HI")
+    try:
+        learners_of(args)
+    except ValueError as e:
+        p.error(str(e))
+    if args.source_dir == "stdlib":
+        args.source_dir = None
+    return args
+
+
+def add_job_options(p) -> None:
+    """The options of the job itself: prompts, training data and environments, the oracle, output."""
     m = p.add_argument_group("prompts")
     m.add_argument("--task", default="low,sort,high",
                    help="task family: low, mixed, sort, high, or a comma-separated mix (low,sort,high: copying, "
@@ -88,24 +122,12 @@ def parse_args(argv=None):
     t.add_argument("--behaviour-periods", type=int, nargs=2, default=[16, 192], metavar=("LO", "HI"),
                    help="the first round's replays refresh after a period drawn from LO-HI tokens, a new one after "
                         "every refresh")
-    t.add_argument("--tree-depth", type=int, default=6, help="depth of the decision-tree controller")
-    t.add_argument("--learners", default="ppo,dqn",
-                   help="comma-separated stable-baselines3 learners to train per lambda on the replay env: ppo, dqn, "
-                        "or none")
-    t.add_argument("--ppo-timesteps", type=int, default=100_000,
-                   help="PPO environment steps (rounds) per lambda, rounded up to whole rollouts (128 x --n-envs)")
-    t.add_argument("--ppo-warmup", type=int, default=20_000,
-                   help="after cloning, steps in which only PPO's value function learns (more than --ppo-timesteps)")
-    t.add_argument("--ppo-lr", type=float, default=1e-4, help="PPO's learning rate")
-    t.add_argument("--dqn-timesteps", type=int, default=100_000, help="DQN environment steps (rounds) per lambda")
     t.add_argument("--reward", default="tokens", choices=["tokens", "time"],
                    help="what PPO / DQN maximise: tokens = accepted drafts - lambda x --refresh-cost per refresh; time "
                         "= modelled tokens per second (each round's time from costs measured once on this machine, "
                         "lambda weighting the refresh time; see envs/refresh_env.py)")
     t.add_argument("--refresh-cost", type=float, default=2.0,
                    help="cost of one refresh in draft-token equivalents (--reward tokens)")
-    t.add_argument("--lams", type=float, nargs="+", default=[8.0],
-                   help="refresh-cost weights for the learners (their knob on the tradeoff curve)")
     t.add_argument("--n-envs", type=int, default=8, help="replay envs stepping together for PPO / DQN")
     t.add_argument("--no-shaping", dest="shaping", action="store_false",
                    help="PPO / DQN on the plain reward (default: shaped by the oracle's cost to go, envs/replay_env.py)")
@@ -115,14 +137,7 @@ def parse_args(argv=None):
     t.add_argument("--workers", type=int, default=2,
                    help="processes building tables and decoding the sweep's points side by side, each with its own "
                         "copy of the pair (one per core; 1: all in this process)")
-    k = p.add_argument_group("tradeoff sweep")
-    # Every registered kind with a knob (--periods, --acc-thresholds, ...). The hand rules are off by default.
-    add_knob_options(k, periods=[16, 32, 64], acc_thresholds=[], entropy_quantiles=[])
-    k.add_argument("--tree-decisions", type=float, nargs="*", default=[],
-                   help="the tree controller's decision levels swept (default: one, chosen on the training tables in "
-                        "replay: the largest saving among levels at least as accurate as periodic refresh every 64)")
-    k.add_argument("--logistic-thresholds", type=float, nargs="*", default=[],
-                   help="the logistic controller's thresholds swept (default: chosen as the tree's level)")
+    k = p.add_argument_group("oracle")
     k.add_argument("--oracle-lams", type=float, nargs="*", default=[1.0, 2.0, 4.0, 8.0, 16.0],
                    help="the oracle (exact over the held-out tables' grid) at these refresh prices in target rounds: "
                         "its curve shows the saving a controller could reach (none: skip it)")
@@ -143,31 +158,6 @@ def parse_args(argv=None):
                    help="defaults for a setting, each overridable by its own option: cpu (this CPU, the testbed, "
                         "minutes) or paper (32K-token prompts, 4K new tokens, 8K budget, k = 11, T = 1, periods up to "
                         "4K: for a GPU and a real --target / --drafter pair)")
-    preset, _ = p.parse_known_args(argv)
-    if preset.preset in PRESETS:  # an unknown one is refused by the full parse below
-        p.set_defaults(**PRESETS[preset.preset])
-    args = p.parse_args(argv)
-    require_positive(p, args, ("budget", "max_new_tokens", "prompts_per_source", "eval_prompts", "eval_seeds",
-                               "tables_per_prompt", "train_new_tokens", "dagger_rounds", "label_episodes", "tree_depth", "ppo_timesteps",
-                               "dqn_timesteps", "draft_length", "threads", "n_envs", "workers", "oracle_episodes"))
-    if args.ppo_warmup < 0 or args.ppo_lr <= 0:
-        p.error("--ppo-warmup must be >= 0 and --ppo-lr > 0")
-    if any(x < 0 for x in args.lams + args.oracle_lams) or args.refresh_cost < 0 or args.label_price < 0:
-        p.error("lambdas, prices and the refresh cost must be >= 0")
-    if knob_problem(args) or any(not 0 < x < 1 for x in args.logistic_thresholds + args.tree_decisions):
-        p.error(knob_problem(args) or "--logistic-thresholds and --tree-decisions must lie in (0, 1)")
-    if not 1 <= args.behaviour_periods[0] <= args.behaviour_periods[1]:
-        p.error("--behaviour-periods needs 1 <= LO <= HI")
-    args.learners = ",".join(dict.fromkeys(x.strip() for x in args.learners.split(",") if x.strip()))
-    unknown = [x for x in args.learners.split(",") if x not in stages.LEARNERS + ("none",)]
-    if "none" in args.learners.split(","):
-        unknown += [] if args.learners == "none" else ["none together with a learner"]
-    if unknown or not args.learners:
-        p.error(f"--learners: {', '.join(unknown) or 'none given'}; choose among {', '.join(stages.LEARNERS)} "
-                "(comma-separated)")
-    if args.source_dir == "stdlib":
-        args.source_dir = None
-    return args
 
 
 # Training code bases: the standard library's training split and five installed packages (the project's own
@@ -184,8 +174,8 @@ PRESETS = {
 
 
 # Files of a finished run (refused or deleted as "a previous run"), and options that do not change its results.
-RESULT_FILES = ("tradeoff.csv", "tradeoff_replay.csv", "tradeoff.png", "tradeoff_time.png", "metrics.json", "controller-tree.json",
-                "controller-logistic.json", "controller-ppo.pt", "controller-dqn.pt")
+RESULT_FILES = ("tradeoff.csv", "tradeoff_replay.csv", "tradeoff.png", "tradeoff_time.png", "metrics.json",
+                *(f"controller-{c.kind}{c.suffix}" for c in learned()))
 SESSION_OPTIONS = ("output_dir", "resume", "overwrite", "threads", "wandb_project", "wandb_mode", "workers")
 
 
@@ -236,53 +226,21 @@ def main(argv=None) -> int:
           f"{1e3 * costs.refresh_s:.2f} ms; {len(train_tables)} training and {len(heldout_tables)} held-out tables "
           f"({tables_s:.0f} s)", file=sys.stderr)
     t0 = time.time()
-    fitted, labelled = stages.fit(state, run, train_tables, args)
-    knobs = stages.choose_knobs(state, run, train_tables, fitted, args)
-    fit_s = time.time() - t0
-    learned, learn_s = stages.learn(state, run, args, train_tables, costs)
-    points = stages.sweep_points(args, labelled[0], fitted, knobs, learned)
+    job = Job(state, run, args, train_tables, costs)
+    trained = stages.train(job, learners_of(args))
+    training_s = time.time() - t0
+    observed = job.states if job.states is not None else np.zeros((0, len(signals.NAMES)), np.float32)
+    points = stages.sweep_points(knob_values(args), observed, trained)
     results = stages.run_sweep(state, points, ctx, setting, layout, evals, args)
     full, oracle = stages.replayed_points(state, heldout_tables, args)
     replayed = stages.replay_sweep(state, points, heldout_tables, args)
-    timings = {"tables_s": tables_s, "fit_s": fit_s, "learners_s": learn_s,
-               "sweep_s": sum(r["seconds"] for r in results)}
-    sources = sorted({src for src, _ in train})
+    timings = {"tables_s": tables_s, "training_s": training_s, "sweep_s": sum(r["seconds"] for r in results)}
     every = [sweep.full_point()] + points + [p for p, _ in oracle]
-    finish(out, state, run, args, every, [full] + results + [c for _, c in oracle], [full] + replayed +
-           [c for _, c in oracle], timings,
-           {"train_sources": sources, "train_tables": len(train_tables), "heldout_tables": len(heldout_tables),
-            "knobs": knobs}, costs, t_start)
+    data = {"train_sources": sorted({src for src, _ in train}), "train_tables": len(train_tables),
+            "heldout_tables": len(heldout_tables), "knobs": {k: [x for x, _ in pts] for k, pts in trained.items()}}
+    report.finish(out, state, run, args, every, [full] + results + [c for _, c in oracle],
+                  [full] + replayed + [c for _, c in oracle], list(trained), timings, data, costs, t_start)
     return 0
-
-
-def finish(out: Path, state, run, args, points, results, replayed, timings, data, costs, t_start: float) -> None:
-    """Matched comparisons against periodic refresh (the real decoder's; and every point in replay on the held-out
-    tables), one exported controller per learned family, and the report."""
-    from rift_ada.sweep import modelled_speed, tradeoff_row
-    from rift_ada.tradeoff import matched_comparison
-
-    full = results[0]["acceptance_length"]  # the full cache's point comes first
-    # Modelled tokens/s: a function of the stored counts and the cost model (the full cache's point is left out: its
-    # draft steps run on the whole prompt, not on the measured compressed cache).
-    t = report.Tradeoff(full, [tradeoff_row(p, r, full) for p, r in zip(points[1:], results[1:])],
-                        [modelled_speed(r, costs) for r in results[1:]], {})
-    t.summary = matched_comparison(t.rows)  # adds refresh_savings / al_gain to the compared rows
-    t.replay = [tradeoff_row(p, r, full) for p, r in zip(points[1:], replayed[1:])]
-    t.replay_summary = matched_comparison(t.replay)
-    exported = {}
-    for family in ("tree", "logistic", *stages.learners_of(args)):
-        best = report.best_of(t, family)
-        ctrl = next(p.controller for p in points if p.family == family and p.knob == best["knob"])
-        path = out / f"controller-{family}{ctrl.suffix}"
-        ctrl.save(path)
-        exported[family] = {"file": str(path), "knob": best["knob"]}
-    timings["session_s"] = time.time() - t_start  # this session's wall time
-    extra = {"timings": timings, "exported": exported, "data": data}
-    report.log_to_wandb(run, out, t, report.write_outputs(out, t, args, extra, costs), costs)
-    run.summary.update({"session_seconds": timings["session_s"]})
-    run.finish()
-    write_json(state.path("done.json"), {"tradeoff": str(out / "tradeoff.csv")})
-    report.print_summary(t, args, exported, timings["session_s"])
 
 
 if __name__ == "__main__":  # forkserver workers: keep this guard

@@ -246,6 +246,98 @@ def tasks_from_args(args, tokenizer, require_reference: bool = False):
                        source_dir=source)
 
 
+# --- controllers: their knobs' and training options' spelling on the command line -----------------------------------
+def _option(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def option_dest(cls, name: str) -> str:
+    """Where the parsed arguments keep a learned kind's training option ``name`` (``--KIND-NAME``)."""
+    return f"{cls.kind}_{name}".replace("-", "_")
+
+
+def add_knob_options(group, **defaults) -> None:
+    """Every swept rule kind's knob as an option: ``Knob("periods")`` is ``--periods`` (``rift_ada.sweep``);
+    ``defaults`` (by knob name, e.g. ``acc_thresholds=[...]``) replace a kind's own."""
+    from .refresh.registry import swept
+
+    for cls in swept():
+        if cls.knob.name is not None:
+            group.add_argument(_option(cls.knob.name), type=cls.knob.type, nargs="*",
+                               default=list(defaults.get(cls.knob.name, cls.knob.default)),
+                               help=f"{cls.knob.help} (default: %(default)s; none: leave the kind out)")
+
+
+def add_learned_options(group) -> None:
+    """Every learned kind's knob (``--tree-decisions``, ``--lams``, ...; one option for kinds sharing a knob) and
+    training options (``Option`` ``depth`` of kind ``tree``: ``--tree-depth``), and ``--learners``: which optional
+    kinds the main job trains."""
+    from .refresh.registry import learned
+
+    seen = set()
+    for cls in learned():
+        if cls.knob.name not in seen:
+            seen.add(cls.knob.name)
+            nargs = "*" if cls.knob.field else "+"  # a level is chosen when none is given; a training value is not
+            group.add_argument(_option(cls.knob.name), type=cls.knob.type, nargs=nargs, default=list(cls.knob.default),
+                               help=cls.knob.help)
+        for name, opt in cls.options.items():
+            group.add_argument(_option(option_dest(cls, name)), type=opt.type, default=opt.default,
+                               help=f"{opt.help} (default: %(default)s)")
+    optional = [c.kind for c in learned() if c.optional]
+    group.add_argument("--learners", default=",".join(optional),
+                       help=f"comma-separated learners to train besides {', '.join(c.kind for c in learned() if not c.optional)}: "
+                            f"{', '.join(optional)}, or none (default: %(default)s)")
+
+
+def knob_values(args) -> dict:
+    """Each swept rule kind's values as given (``["-"]``: a kind without values, one point): ``rift_ada.sweep``'s
+    input."""
+    from .refresh.registry import swept
+
+    return {c.kind: ["-"] if c.knob.name is None else list(getattr(args, c.knob.name)) for c in swept()}
+
+
+def knob_problem(args, kinds=None) -> str | None:
+    """What is wrong with a knob option's values (one line), or None; ``kinds``: which (default: the swept rules)."""
+    from .refresh.registry import swept
+
+    for cls in swept() if kinds is None else kinds:
+        if cls.knob.name is not None:
+            problem = cls.knob.problem(getattr(args, cls.knob.name))
+            if problem:
+                return f"{_option(cls.knob.name)} {problem}"
+    return None
+
+
+def options_problem(args) -> str | None:
+    """What is wrong with a learned kind's training option (one line), or None."""
+    from .refresh.registry import learned
+
+    for cls in learned():
+        for name, opt in cls.options.items():
+            value, low = getattr(args, option_dest(cls, name)), opt.low
+            if low is not None and (value <= low if opt.open else value < low):
+                return f"{_option(option_dest(cls, name))} must be {'>' if opt.open else '>='} {low:g}"
+    return None
+
+
+def learners_of(args) -> list:
+    """The learned kinds the main job trains: every non-optional one, and those ``--learners`` names, in registration
+    order; ValueError (one line) for a name that is not an optional learned kind."""
+    from .refresh.registry import learned
+
+    names = [x.strip() for x in args.learners.split(",") if x.strip()]
+    optional = [c.kind for c in learned() if c.optional]
+    unknown = [x for x in names if x not in optional + ["none"]]
+    if "none" in names and len(names) > 1:
+        unknown.append("none together with a learner")
+    if unknown or not names:
+        raise ValueError(f"--learners: {', '.join(unknown) or 'none given'}; choose among {', '.join(optional)} "
+                         "(comma-separated), or none")
+    return [c for c in learned() if not c.optional or c.kind in names]
+
+
 def require_positive(parser: argparse.ArgumentParser, args, names) -> None:
     """``parser.error`` (exit 2; one line with :class:`ArgumentParser`) for any of ``names`` below 1."""
     for name in names:

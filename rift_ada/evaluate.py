@@ -9,7 +9,7 @@ whole after prefill (a note on stderr says so; full-cache comparisons are legiti
 
 In Python, ``evaluate(decoder, prompts, controller)`` is the same run on a decoder you built; the policy table, the
 benchmark and the trainers call it. ``decode(decoder, prompt, max_new_tokens, controller)`` is one prompt's decode:
-the controller loop, which the decoder itself does not run.
+the decoder's loop (``SpeculativeDecoder.rounds``) with the controller deciding each round's refresh.
 
 Data parallel: ``torchrun --nproc-per-node N -m rift_ada.evaluate ...`` splits the prompts across N processes (each on
 cuda:LOCAL_RANK with --device cuda); rank 0 prints what one process would, timings aside (rift_ada.distributed).
@@ -49,13 +49,15 @@ def decode(decoder: SpeculativeDecoder, prompt_ids: Sequence[int], max_new_token
            controller=None, on_tokens=None) -> DecodeResult:
     """Decode one prompt to the end, ``controller`` (``rift_ada.refresh``) deciding each round's refresh from the
     signals (None: never refresh). ``on_tokens(new_tokens) -> bool``, if given, sees the first token and then each
-    round's new tokens, and ends the decode by returning True (``rift_ada.hf``: streamers, stopping criteria)."""
+    round's new tokens, and ends the decode by returning True (``rift_ada.hf``: streamers, stopping criteria).
+    The rounds are the decoder's own loop, ``SpeculativeDecoder.rounds``."""
     decoder.reset(prompt_ids, max_new_tokens)
-    stop = on_tokens is not None and on_tokens(decoder.result.tokens)
-    while not decoder.done and not stop:
-        seen = len(decoder.result.tokens)
-        decoder.step(refresh_wanted(controller, decoder.state))
-        stop = on_tokens is not None and on_tokens(decoder.result.tokens[seen:])
+    if on_tokens is not None and on_tokens(decoder.result.tokens):
+        return decoder.result
+    tokens = decoder.result.tokens
+    for record in decoder.rounds(lambda state: refresh_wanted(controller, state)):
+        if on_tokens is not None and on_tokens(tokens[len(tokens) - record.emitted:]):
+            break
     return decoder.result
 
 

@@ -3,7 +3,8 @@
 peft checks shapes but not identity: an adapter trained on another model of the same shape loads silently and is
 wrong. So an adapter folder also holds ``rift_base.json``, a fingerprint of the base weights it was trained on: the
 config's identity and the sha256 of the input embedding's bytes. A hash is exact and independent of thread count and
-summation order (a float checksum is not: it refused adapters on the very model they were trained on).
+summation order (a float checksum is not: it refused adapters on the very model they were trained on). The weights
+load from ``adapter_model.safetensors`` only: a pickled ``adapter_model.bin`` is refused (unpickling can run code).
 """
 
 from __future__ import annotations
@@ -108,7 +109,9 @@ def save(peft_model, base_fingerprint: dict, folder: str | Path) -> None:
 
 def check_adapter(folder: str | Path) -> dict | None:
     """Check an adapter folder's files without loading a model; returns its base fingerprint (None if it has none).
-    FileNotFoundError / ValueError with a one-line message for a missing, truncated or corrupt file."""
+    FileNotFoundError / ValueError with a one-line message for a missing, truncated or corrupt file, and ValueError
+    for weights in a pickle (``adapter_model.bin``) alone: peft loads ``adapter_model.safetensors`` whenever it is
+    there, so with this check no adapter loads through a pickle."""
     folder = Path(folder)
     if not (folder / "adapter_config.json").is_file():
         raise FileNotFoundError(f"{str(folder)!r} holds no LoRA adapter (adapter_config.json)")
@@ -117,7 +120,10 @@ def check_adapter(folder: str | Path) -> dict | None:
     if weights.is_file():
         if problem := safetensors_problem(weights):
             raise ValueError(f"{problem}; retrain the adapter or copy it again")
-    elif not (folder / "adapter_model.bin").is_file():
+    elif (folder / "adapter_model.bin").is_file():  # peft would unpickle it: code in it could run
+        raise ValueError(f"{folder / 'adapter_model.bin'}: refused: a pickled adapter; adapters load from "
+                         "adapter_model.safetensors only (peft's save_pretrained writes one)")
+    else:
         raise FileNotFoundError(f"{str(folder)!r} holds no adapter weights (adapter_model.safetensors)")
     fp_file = folder / FINGERPRINT_FILE
     return _read_object(fp_file) if fp_file.is_file() else None

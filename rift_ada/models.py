@@ -1,4 +1,4 @@
-"""Loading target and draft models: the built-in testbed, a local folder, or a hub id.
+"""Loading target and draft models: a registered name (the built-in testbed's), a local folder, or a hub id.
 
 Everything goes through ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``: the testbed is
 an ordinary HuggingFace folder, so the code path that loads it is the one that loads ``Qwen/Qwen3-8B`` on a GPU box.
@@ -6,18 +6,20 @@ an ordinary HuggingFace folder, so the code path that loads it is the one that l
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-TESTBED_DIR = Path(__file__).resolve().parent / "testbed" / "assets"
-# The shipped pair (the trained models with the disclosed copier composed beside them at load) and the trained
-# pair alone (rift_ada/testbed/composed.py).
-TESTBED_NAMES = {"testbed": "target", "testbed-target": "target", "testbed-draft": "draft"}
-TESTBED_LM_NAMES = {"testbed-lm": "target", "testbed-lm-target": "target", "testbed-lm-draft": "draft"}
+# Model names -> a function from the name to a HuggingFace folder. Filled at first use from the "rift_ada.models"
+# entry points of the installed distributions (the testbed's: pyproject.toml), so the core imports no provider.
+MODEL_GROUP = "rift_ada.models"
+MODEL_SOURCES: dict[str, Callable[[str], str | os.PathLike]] = {}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 
@@ -26,16 +28,36 @@ class ModelLoadError(RuntimeError):
     """A model or tokenizer could not be loaded; the message says what to do."""
 
 
-def resolve(name_or_path: str | os.PathLike) -> str:
-    """Map the testbed's short names to their folders; check that a local-looking path exists."""
-    name = str(name_or_path)
-    if name in TESTBED_NAMES or name in TESTBED_LM_NAMES:
-        from .testbed.composed import composed_folder, trained_folder
+def model_sources() -> dict[str, Callable[[str], str | os.PathLike]]:
+    """:data:`MODEL_SOURCES`, with the registered entry points added the first time it is asked for."""
+    _read_entry_points()
+    return MODEL_SOURCES
 
+
+@functools.cache
+def _read_entry_points() -> None:
+    for ep in entry_points(group=MODEL_GROUP):
+        MODEL_SOURCES.setdefault(ep.name, functools.partial(_load_entry_point, ep))
+
+
+def _load_entry_point(ep, name: str):
+    """Import the provider only when one of its names is asked for."""
+    try:
+        resolver = ep.load()
+    except (ImportError, AttributeError) as e:
+        raise ModelLoadError(f"model name {name!r} is registered as {ep.value!r}, which does not import "
+                             f"({first_line(e)}): reinstall rift-ada (`pip install -e .`)") from None
+    return resolver(name)
+
+
+def resolve(name_or_path: str | os.PathLike) -> str:
+    """Map a registered name (:func:`model_sources`) to its folder; check that a local-looking path exists; refuse a
+    short name that is neither registered nor a folder."""
+    name = str(name_or_path)
+    sources = model_sources()
+    if name in sources:
         try:
-            if name in TESTBED_LM_NAMES:
-                return str(trained_folder(TESTBED_LM_NAMES[name]))
-            return str(composed_folder(TESTBED_NAMES[name]))
+            return str(sources[name](name))
         except (OSError, ValueError) as e:
             raise ModelLoadError(first_line(e)) from None
     path = Path(name).expanduser()
@@ -47,6 +69,10 @@ def resolve(name_or_path: str | os.PathLike) -> str:
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{name!r} is a folder but holds no config.json: not a HuggingFace model folder")
         return str(path)
+    if "/" not in name:
+        known = ", ".join(sorted(sources)) or "none (install rift-ada with `pip install -e .`)"
+        raise ModelLoadError(f"unknown model name {name!r} (registered names: {known}); or give a local folder, or "
+                             "a hub id such as 'Qwen/Qwen3-8B'")
     return name  # a hub id
 
 
@@ -199,12 +225,13 @@ def check_architecture(name_or_path: str | os.PathLike) -> None:
 
 def load_pair(target: str = "testbed", drafter: str = "testbed", device: str = "cpu", dtype=None,
               device_map: str | None = None) -> ModelPair:
-    """``drafter``: ``self`` (the target drafts for itself), ``testbed`` (the shipped draft), ``testbed-lm`` (the
-    trained draft alone), or a path / hub id.
+    """``drafter``: ``self`` (the target drafts for itself), a registered name ``NAME`` whose ``NAME-draft`` is
+    registered too (``testbed``: the shipped draft, ``testbed-lm``: the trained draft alone), or any model name, path
+    or hub id.
     ``device_map="auto"`` spreads each model over the machine's GPUs (:func:`load_model`); the draft is placed after
     the target, in the memory the target left."""
     check_device_map(device_map)
-    drafter_name = {"self": target, "testbed": "testbed-draft", "testbed-lm": "testbed-lm-draft"}.get(drafter, drafter)
+    drafter_name = target if drafter == "self" else drafter_model(drafter)
     check_files(target)
     check_files(drafter_name)  # a damaged draft fails before the target loads
     check_architecture(target)
@@ -216,6 +243,13 @@ def load_pair(target: str = "testbed", drafter: str = "testbed", device: str = "
     drf = load_model(drafter_name, dtype=dtype, device=device, device_map=device_map)
     check_vocab(tgt, drf)
     return ModelPair(tgt, drf, tok, False)
+
+
+def drafter_model(drafter: str) -> str:
+    """The model a ``--drafter`` name loads: ``NAME-draft`` for a registered ``NAME`` that has one (``testbed`` ->
+    ``testbed-draft``), else the name itself."""
+    paired = f"{drafter}-draft"
+    return paired if drafter in model_sources() and paired in model_sources() else drafter
 
 
 def check_vocab(target, draft) -> None:
@@ -261,3 +295,11 @@ def assisted_reference(target, draft, prompt_ids: list[int], new_tokens: int, dr
         for a, v in saved.items():
             setattr(cfg, a, v)
     return out[0, len(prompt_ids):].tolist()
+
+
+def check_fits(model, n_tokens: int, what: str = "prompt + generation") -> None:
+    """ValueError (one line) when ``n_tokens`` positions exceed the model's context."""
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and n_tokens > limit:
+        raise ValueError(f"{what} needs {n_tokens} positions but the model's context is {limit} tokens; "
+                         "use shorter prompts or fewer new tokens")

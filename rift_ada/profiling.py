@@ -1,9 +1,10 @@
 """Where a round's time goes: the models' forwards, the cache's rescoring, and the rest (the framework's overhead).
 
 ``profile_decode(decoder, prompt, max_new_tokens, controller)`` decodes one prompt like ``rift_ada.evaluate.decode``
-and times every ``step()`` from outside, while forward hooks on the models time their forward calls (the caches' own
-updates run inside those calls and count as forward time). Overhead = step time - forward time - refresh time: the
-sampling, acceptance, rollback bookkeeping, signals and Python around the models.
+(the decoder's own loop, ``SpeculativeDecoder.rounds``) and times the rounds from outside, while forward hooks on the
+models time their forward calls (the caches' own updates run inside those calls and count as forward time).
+Overhead = step time - forward time - refresh time: the sampling, acceptance, rollback bookkeeping, signals and Python
+around the models.
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ def profile_decode(decoder, prompt, max_new_tokens: int, controller=None) -> Dec
     t_steps = now()
     clock = ForwardClock(decoder.target, decoder.draft)
     try:
-        while not decoder.done:
-            decoder.step(refresh_wanted(controller, decoder.state))
+        for _ in decoder.rounds(lambda state: refresh_wanted(controller, state)):
+            pass
     finally:
         clock.close()
     end = now()

@@ -11,8 +11,8 @@ states a rollback (``activate_past_recording`` + ``crop``) and nothing for recur
   rollback copies back the slot taken after the last kept token. Exact (the very tensors), no recompute.
 - **target** (:class:`TargetStates`, around its ``DynamicCache``): it verifies k + 1 tokens in one forward, whose
   kernels (chunked delta rule, Mamba-2 chunk scan) give only the final state. So the states are copied before the
-  verify forward, and after a partial acceptance they are put back and the 1 + n kept tokens fed again: one more
-  target forward over <= k + 1 tokens, only on rounds with a rejection.
+  verify forward, and after a partial acceptance ``TargetStates.roll_back`` puts them back and feeds the 1 + n kept
+  tokens again: one more target forward over <= k + 1 tokens, only on rounds with a rejection (hybrid replay).
 """
 
 from __future__ import annotations
@@ -93,15 +93,33 @@ class StateLayer(LinearAttentionLayer):
 
 
 class TargetStates:
-    """Copies of the target cache's conv and recurrent states taken before a verify forward, put back when the
-    round keeps fewer tokens than it fed (the caller then feeds the kept tokens again)."""
+    """The target's cache through a round: copies of its conv and recurrent states taken before the verify forward
+    (:meth:`take`), and :meth:`roll_back`, which crops a KV-only cache and replays a hybrid one."""
 
     def __init__(self, cache):
+        self.cache = cache
         self.layers = state_layers(cache)
         self.saved: list[list[torch.Tensor | None]] = []
 
     def __bool__(self) -> bool:
         return bool(self.layers)
+
+    def roll_back(self, fed: int, kept: list[int], feed) -> bool:
+        """Leave the cache holding the round's ``kept`` tokens of the ``fed`` it verified; True if it replayed.
+
+        Attention layers crop the rejected tokens (even none: ``crop(0)`` trims sliding layers and recorded conv
+        states back to their working size). A recurrent state cannot be cropped, and the verify forward's kernels
+        give only its final value: after a rejection the cache goes back to where the round began and
+        ``feed(kept)`` runs the kept tokens again (one more forward, over <= k + 1 tokens), so it then holds exactly
+        what feeding them in one forward gives."""
+        if len(kept) < fed and self.layers:
+            self.cache.crop(-fed)  # attention layers (and recorded conv states) back to the round's start
+            self.restore()
+            feed(kept)
+            self.cache.crop(0)
+            return True
+        self.cache.crop(len(kept) - fed)
+        return False
 
     def take(self) -> None:
         self.saved = [[None if t is None else t.clone() for i in range(layer.number_of_states)

@@ -23,6 +23,9 @@ when fresh, or a model whose drift never falls to 0 (heads with no queries count
 signals; the acceptance lost and the drift gained since the last scoring mean the same there as elsewhere.
 Entropies are over a round's draft steps up to the first rejected one (those drafted on the emitted text).
 
+The count behind `since_refresh` has one update rule, :func:`since_refresh_after` (the decoder's and the replay's),
+and one inverse of its encoding, :func:`tokens_since_refresh` (what controllers compare with their periods and gaps).
+
 `runway` and `focus` come from the draft's newest query over its active cache (``RiftCache.read_ahead``): one small
 matmul per layer, no extra model forward. While a model copies from far back, the runway counts down one per generated
 token to where the selection stops; acceptance only falls once it has run out.
@@ -70,6 +73,29 @@ def index(name: str) -> int:
     if name not in NAMES:
         raise ValueError(f"unknown signal {name!r}; signals are: {', '.join(NAMES)}")
     return NAMES.index(name)
+
+
+def acceptance(accepted: int, draft_length: int) -> float:
+    """A round's accepted share of its drafts, as ``acc_1..acc_H`` and ``acc_fresh`` read it (1.0 for a round that
+    drafted nothing)."""
+    return accepted / draft_length if draft_length else 1.0
+
+
+def since_refresh_after(count: int, refreshed: bool, emitted: int) -> int:
+    """``tokens_since_refresh`` once a round is over: ``count`` before it, restarted by a refresh (which runs before
+    the round drafts), plus the round's ``emitted`` tokens. The one update rule, of the decoder and of its replay
+    over a table (``rift_ada.replay.process``)."""
+    return (0 if refreshed else count) + emitted
+
+
+def tokens_since_refresh(observation) -> int:
+    """Generated tokens since the last scoring, read back from an observation's ``since_refresh`` signal: the one
+    inverse of its encoding (exact, since it divides the count by a power of two; counts past SINCE_SCALE read as
+    SINCE_SCALE). Whole tokens, rounded down, so ``>= n`` means the same for any integer n on any input."""
+    x = float(np.asarray(observation, dtype=np.float32).reshape(-1)[index("since_refresh")]) * SINCE_SCALE
+    if not math.isfinite(x):
+        raise ValueError(f"the since_refresh signal is {x / SINCE_SCALE}: not an observation of rift_ada.signals")
+    return math.floor(x)
 
 
 def observe(state: DecoderState) -> np.ndarray:

@@ -51,6 +51,20 @@ def check_static(model, role: str = "draft") -> None:
         raise UnsupportedModelError(f"{what} computes SDPA attention; the {role} runs {cfg._attn_implementation}")
 
 
+def static_steps(draft, target, draft_step: str, verify_step: str, block: int):
+    """(the draft's :class:`StaticDraftStep`, the target's :class:`StaticVerify` over blocks of ``block`` tokens)
+    as ``draft_step`` / ``verify_step`` ask ("static", "compiled"), each None for "model" (the model's own forward);
+    a model a static step cannot run is refused in one line."""
+    step = verify = None
+    if draft_step != "model":
+        check_static(draft)
+        step = StaticDraftStep(draft, compile=draft_step == "compiled")
+    if verify_step != "model":
+        check_static(target, role="target")
+        verify = StaticVerify(target, block, compile=verify_step == "compiled")
+    return step, verify
+
+
 class _StaticForward:
     """The model's forward as plain tensor code over caller-owned KV buffers; ``compile=True`` compiles it
     (``fullgraph``: a graph break is an error, not a silent slowdown)."""
@@ -122,6 +136,21 @@ class StaticDraftStep(_StaticForward):
             layer.commit(1)
             layer.observe(q, pos[0])
         return logits[-1]
+
+    def feed(self, cache, tokens: list[int]) -> torch.Tensor:
+        """The draft's logits after ``tokens`` (one step per token: one shape, so one compiled graph)."""
+        for token in tokens:
+            logits = self(cache, token, cache.length)
+        return logits
+
+    @staticmethod
+    def prepare(cache, capacity: int) -> None:
+        """Before a generation of at most ``capacity`` tokens in all: a cache that grows with the context (full,
+        snapkv: no tail limit) makes room for all of them now, so its shape holds for this prompt (a compiled step
+        compiles once per prompt length; a RIFT budget's shape is the same at every length)."""
+        if cache.layout.tail_limit is None:
+            for layer in cache.rift_layers:
+                layer.reserve(capacity)
 
 
 class StaticKV:

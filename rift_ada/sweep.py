@@ -1,8 +1,8 @@
 """The refresh tradeoff sweep, shared by experiments/train_controller.py and experiments/reproduce_figures.py (figure 4).
 
 A sweep is a list of :class:`Point`: the full cache first (the reference every AL is divided by), then every
-registered controller kind with a knob (``rift_ada.refresh.registry``) at each value of its option (:func:`rule_points`;
-:func:`add_knob_options` declares the options), then what the job adds (learned controllers, ``--controller`` files),
+registered rule kind with a knob (``rift_ada.refresh.registry``) at each of its values (:func:`rule_points`; the
+command line's spelling of them: ``rift_ada.cli.add_knob_options``), then what the job adds (learned controllers, ``--controller`` files),
 then the oracle at each refresh price (:func:`oracle_points`). A point's counts (:func:`measure`, from an evaluation;
 the oracle's from replay tables, ``rift_ada.replay.oracle.oracle_counts``) are what its row of the tradeoff table
 (:func:`tradeoff_row`) and its modelled speed (:func:`modelled_speed`) need, so a job can store them and model time
@@ -11,7 +11,6 @@ later with any costs.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -40,53 +39,27 @@ def oracle_points(lams: Sequence[float]) -> list[Point]:
     return [Point("oracle", lam, lam, unit_name("oracle", lam)) for lam in lams]
 
 
-# --- the registered kinds' knobs -------------------------------------------------------------------------------------
-def _dest(option: str) -> str:
-    return option.lstrip("-").replace("-", "_")
+# --- the registered rule kinds' points -------------------------------------------------------------------------------
+def rule_units(values: dict) -> list[str]:
+    """The units of :func:`rule_points`, known before any level is observed (``values``: kind -> its knob's values,
+    as ``rift_ada.cli.knob_values`` reads them from the command line)."""
+    return [unit_name(cls.kind, v, cls.knob.quantiles_of is not None) for cls in swept() for v in values[cls.kind]]
 
 
-def add_knob_options(group, **defaults) -> None:
-    """Declare every swept kind's knob option (``--periods``, ``--acc-thresholds``, ...) on ``group``; ``defaults``
-    (by dest, e.g. ``acc_thresholds=[...]``) replace a kind's own."""
-    for cls in swept():
-        knob = cls.knob
-        if knob.option is not None:
-            group.add_argument(knob.option, type=knob.type, nargs="*",
-                               default=list(defaults.get(_dest(knob.option), knob.default)),
-                               help=f"{knob.help} (default: %(default)s; none: leave the kind out)")
-
-
-def knob_problem(args: argparse.Namespace) -> str | None:
-    """What is wrong with a knob option's values (one line), or None."""
-    for cls in swept():
-        if cls.knob.option is not None:
-            problem = cls.knob.problem(getattr(args, _dest(cls.knob.option)))
-            if problem:
-                return problem
-    return None
-
-
-def _values(cls, args) -> list:
-    return ["-"] if cls.knob.option is None else list(getattr(args, _dest(cls.knob.option)))
-
-
-def rule_units(args) -> list[str]:
-    """The units of :func:`rule_points`, known before any level is observed."""
-    return [unit_name(cls.kind, v, cls.knob.quantiles_of is not None) for cls in swept() for v in _values(cls, args)]
-
-
-def rule_points(args, observed: np.ndarray) -> list[Point]:
-    """Every swept kind at each value of its knob option. A knob given as quantiles of a signal takes the signal's
-    levels in ``observed`` (signal vectors, one per row): its points' knob is the level, its units are named by the
-    quantile; with no row observed the kind is left out (see :func:`unobserved`)."""
+def rule_points(values: dict, observed: np.ndarray) -> list[Point]:
+    """Every swept rule kind at each of its ``values`` (kind -> list; ``["-"]`` for a kind without values, one
+    point). A knob given as quantiles of a signal takes the signal's levels in ``observed`` (signal vectors, one per
+    row): its points' knob is the level, its units are named by the quantile; with no row observed the kind is left
+    out (see :func:`unobserved`)."""
     points = []
     for cls in swept():
-        values, quantiles = _values(cls, args), cls.knob.quantiles_of
+        quantiles = cls.knob.quantiles_of
         if quantiles is None:
-            points += [Point(cls.kind, v, cls.at(v), unit_name(cls.kind, v)) for v in values]
+            points += [Point(cls.kind, v, cls.at(v), unit_name(cls.kind, v)) for v in values[cls.kind]]
             continue
-        at = levels(observed, quantiles, values)
-        points += [Point(cls.kind, at[q], cls.at(at[q]), unit_name(cls.kind, q, True)) for q in values] if at else []
+        at = levels(observed, quantiles, values[cls.kind])
+        points += ([Point(cls.kind, at[q], cls.at(at[q]), unit_name(cls.kind, q, True)) for q in values[cls.kind]]
+                   if at else [])
     return points
 
 

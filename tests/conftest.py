@@ -207,3 +207,19 @@ def recompute(model, chunks, record_past=False):
                 cache.activate_past_recording()
             cache.crop(0)
     return cache
+
+
+def script_module(name: str):
+    """experiments/<name>.py as a module (its main is not run), loaded by path: the scripts import only installed
+    packages, so no sys.path edit is needed."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses and pickling look the module up by name
+        spec.loader.exec_module(module)
+    return sys.modules[name]

@@ -16,12 +16,14 @@ import numpy as np
 import pytest
 import torch
 
-from rift_ada.refresh import DQNController, LogisticController, PPOController, load_controller
+from rift_ada.controllers import DQNController, LogisticController, PPOController
+from rift_ada.refresh import load_controller
 from rift_ada.refresh.mlp import build_mlp
 from rift_ada import lora, signals
 from rift_ada.cli import add_runtime_options, apply_runtime
 from rift_ada.data import load_jsonl, load_speedbench
-from rift_ada.models import TESTBED_DIR, ModelLoadError, load_model
+from rift_ada.models import ModelLoadError, load_model
+from rift_ada.testbed.composed import ASSETS as TESTBED_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")

@@ -1,5 +1,5 @@
 """The shipped testbed pair: the trained models stored, the disclosed copier composed at load, the same pair every
-time (rift_ada/testbed/composed.py)."""
+time (testbed/composed.py)."""
 
 import json
 import subprocess
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from rift_ada.data import build_tasks, encode
-from rift_ada.models import TESTBED_DIR, greedy_reference, load_model, load_tokenizer, resolve
-from rift_ada.testbed.composed import (CIRCUITS, LM_FOLDERS, cache_root, compose_role, composed_folder, read_settings,
-                                       weights_moments, weights_sha256)
+from rift_ada.models import greedy_reference, load_model, load_tokenizer, resolve
+from rift_ada.testbed.composed import (ASSETS, CIRCUITS, LM_FOLDERS, cache_root, compose_role, composed_folder,
+                                       read_settings, weights_moments, weights_sha256)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,7 +40,7 @@ def test_the_same_pair_at_every_load(role):
 
 
 def test_names_give_the_composed_and_the_trained_pairs():
-    lm = {role: json.loads((TESTBED_DIR / folder / "config.json").read_text()) for role, folder in LM_FOLDERS.items()}
+    lm = {role: json.loads((ASSETS / folder / "config.json").read_text()) for role, folder in LM_FOLDERS.items()}
     for name, role, composed in (("testbed", "target", True), ("testbed-target", "target", True),
                                  ("testbed-draft", "draft", True), ("testbed-lm", "target", False),
                                  ("testbed-lm-target", "target", False), ("testbed-lm-draft", "draft", False)):
@@ -53,13 +53,13 @@ def test_names_give_the_composed_and_the_trained_pairs():
                 CIRCUITS[role].extra_head_dims
             assert cfg["rope_parameters"]["rope_type"] == "longrope"
         else:
-            assert folder == TESTBED_DIR / LM_FOLDERS[role] and cfg == lm[role]
-        assert (folder / "tokenizer.json").read_bytes() == (TESTBED_DIR / "lm-target" / "tokenizer.json").read_bytes()
+            assert folder == ASSETS / LM_FOLDERS[role] and cfg == lm[role]
+        assert (folder / "tokenizer.json").read_bytes() == (ASSETS / "lm-target" / "tokenizer.json").read_bytes()
 
 
 def test_no_composed_weights_in_the_repository():
     """The stored testbed (trained weights, settings, tokenizer) stays under 25 MB; nothing composed is tracked."""
-    tracked = subprocess.run(["git", "ls-files", "rift_ada/testbed/assets"], cwd=ROOT, capture_output=True,
+    tracked = subprocess.run(["git", "ls-files", "testbed/assets"], cwd=ROOT, capture_output=True,
                              text=True)
     if tracked.returncode != 0:
         pytest.skip("not a git checkout")

@@ -181,3 +181,38 @@ def test_resume_loses_no_steps(tmp_path):
         before = C.sample_loss(student(), samples[0], layout)[0]
         after = C.sample_loss(straight, samples[0], layout)[0]
     assert after < before
+
+
+def test_checkpoints_hold_tensors_and_plain_values_only(tmp_path):
+    """Resuming reads a checkpoint with weights_only=True: the trainer's own checkpoints must load that way whole."""
+    target = random_model("llama", seed=0)
+    _, samples = synthetic_store(tmp_path, target, n=1)
+    torch.manual_seed(0)
+    C.train(lora.attach(random_model("llama", seed=1), rank=2), samples,
+            C.TrainConfig(steps=2, warmup=1, grad_accum=1, obs_window=8, period=8, checkpoint_every=1), tmp_path / "run",
+            progress=False)
+    found = C.checkpoints(tmp_path / "run" / "checkpoints")
+    assert [p.name for p in found] == ["step-1", "step-2"]
+    state = C.load_checkpoint(found[-1] / "state.pt")
+    assert state["step"] == 2 and [h["step"] for h in state["history"]] == [1, 2] and state["optimizer"]["state"]
+
+
+def test_heldout_acceptance_is_the_evaluation_summary():
+    """The table's AL is rift_ada.metrics.acceptance_length per prompt, averaged: evaluate()'s own summary."""
+    from rift_ada.evaluate import evaluate
+    from rift_ada.policies import make_policy
+    from rift_ada.speculative import Decoding, SpeculativeDecoder
+    from rift_ada.trainers import compressibility_eval as E
+    from tests.conftest import cached_testbed_pair
+
+    pair = cached_testbed_pair("self")
+    held = E.HeldOut(task="low", prompts=2, input_tokens=1024, new_tokens=24, draft_length=4, period=8,
+                     budgets=(0.25,), temperatures=(1.0,), seed=0)
+    prompts = E.eval_prompts(pair.tokenizer, held)
+    budget = E.budget_tokens(prompts, 0.25)
+    model, step = drafter = E.eval_drafter(pair.draft)
+    al = E.heldout_acceptance(pair, drafter, prompts, "rift-stat", budget, 1.0, held)
+    policy = make_policy("rift-stat", budget=budget)
+    dec = SpeculativeDecoder.for_pair(pair, policy.layout, Decoding(4, 1.0, seed=0, draft_step=step), model)
+    with torch.inference_mode():
+        assert al == evaluate(dec, prompts, policy.controller, 24).summary["acceptance_length"] > 1

@@ -9,8 +9,9 @@ import pytest
 from rift_ada import signals
 from rift_ada.controllers import fit_logistic
 from rift_ada.envs import RefreshEnv
-from rift_ada.refresh import (DQNController, EntropyController, NeverController, PeriodicController,
-                              PPOController, ThresholdController, load_controller, parse_controller)
+from rift_ada.controllers import DQNController, PPOController
+from rift_ada.refresh import (EntropyController, NeverController, PeriodicController, ThresholdController,
+                              load_controller, parse_controller)
 from rift_ada.speculative import Decoding
 from tests.conftest import env_kw
 
@@ -40,8 +41,8 @@ def test_rule_controllers_and_roundtrip(tmp_path):
     assert t.decide(obs_with(drift=0.5, since_refresh=20 * tok))
     assert not t.decide(obs_with(acc_mean=0.2, since_refresh=8 * tok)), "min_gap holds back early refreshes"
     for c in (NeverController(), p, t):
-        c.save(tmp_path / f"{c.name}.json")
-        back = load_controller(tmp_path / f"{c.name}.json")
+        c.save(tmp_path / f"{c.kind}.json")
+        back = load_controller(tmp_path / f"{c.kind}.json")
         xs = box_samples(500)
         assert [back.decide(x) for x in xs] == [c.decide(x) for x in xs]
     with pytest.raises(ValueError, match="unknown signal"):
@@ -112,7 +113,8 @@ def test_logistic_export_parity(labelled_states, tmp_path):
 
 @pytest.fixture(scope="module")
 def trained_ppo():
-    from rift_ada.trainers.ppo import export_ppo, train_ppo
+    from rift_ada.controllers import export_ppo
+    from rift_ada.trainers.ppo import train_ppo
 
     # Refreshing is free (lam 0): a policy that learned anything refreshes where it helps.
     env_fns = [lambda: RefreshEnv(lam=0.0, **ENV_KW())]
@@ -133,7 +135,8 @@ def test_ppo_export_parity(trained_ppo, tmp_path):
 
 @pytest.fixture(scope="module")
 def trained_dqn():
-    from rift_ada.trainers.dqn import export_dqn, train_dqn
+    from rift_ada.controllers import export_dqn
+    from rift_ada.trainers.dqn import train_dqn
 
     env_fns = [lambda: RefreshEnv(lam=0.0, **ENV_KW())]
     model, venv = train_dqn(env_fns, timesteps=256, seed=0, learning_starts=64)
@@ -149,7 +152,7 @@ def test_dqn_export_parity(trained_dqn, tmp_path):
     assert [ctrl.decide(x) for x in xs[:200]] == [bool(a) for a in expected[:200]]
     ctrl.save(tmp_path / "d.pt")
     back = load_controller(tmp_path / "d.pt")
-    assert isinstance(back, DQNController) and back.name == "dqn" and back.lam == 0.0
+    assert isinstance(back, DQNController) and back.kind == "dqn" and back.lam == 0.0
     assert np.array_equal(back.decide_batch(xs), expected)
     assert DQNController.load(tmp_path / "d.pt").sizes == ctrl.sizes
     with pytest.raises(ValueError, match="not a PPO controller file .*kind 'dqn'"):
@@ -280,7 +283,7 @@ def test_tree_export_parity_roundtrip_and_damaged_files(tmp_path):
     """The exported tree decides as scikit-learn's predict_proba does (10,000 observations), loads back equal,
     without scikit-learn, and a damaged file is refused in one line naming it."""
     from rift_ada.controllers import fit_tree
-    from rift_ada.refresh import TreeController
+    from rift_ada.controllers import TreeController
 
     rng = np.random.default_rng(1)
     X = box_samples(600, seed=2)

@@ -48,7 +48,7 @@ def launch(nproc: int, *argv, check: bool = True, logs: Path | None = None) -> s
 
 def history(out: Path) -> list[dict]:
     last = max((out / "checkpoints").glob("step-*"), key=lambda p: int(p.name[5:]))
-    return torch.load(last / "state.pt", weights_only=False)["history"]
+    return torch.load(last / "state.pt", weights_only=True)["history"]
 
 
 def adapter(out: Path) -> dict:

@@ -21,7 +21,7 @@ from rift_ada.architectures import family
 from rift_ada.evaluate import decode
 from rift_ada.hf import rift_generate
 from rift_ada.policies import make_policy
-from rift_ada.refresh import TreeController
+from rift_ada.controllers import TreeController
 from rift_ada.speculative import SpeculativeDecoder
 from tests.conftest import LM_DRAFT, cached_testbed_pair, train_prompts
 from tests.test_sampling import ALPHA, NEW_TOKENS, VOCAB, chi_square, models, sequence_distribution

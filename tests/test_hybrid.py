@@ -32,11 +32,12 @@ from rift_ada.attention import use_rift_attention
 from rift_ada.cache import RiftCache, RiftLayer
 from rift_ada.evaluate import decode
 from rift_ada.layout import CacheLayout
-from rift_ada.models import TESTBED_DIR, greedy_reference
+from rift_ada.models import greedy_reference
 from rift_ada.policies import POLICIES, make_policy
 from rift_ada.recurrent import StateLayer
 from rift_ada.refresh import PeriodicController, ThresholdController
 from rift_ada.speculative import SpeculativeDecoder
+from rift_ada.testbed.composed import ASSETS as TESTBED_DIR
 from tests.conftest import SCRIPT, SCRIPT_K, feed, recompute, script_tokens, scripted_draft
 from tests.test_sampling import K, NEW_TOKENS, VOCAB, check_rift_dyn_sampling
 

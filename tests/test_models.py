@@ -86,3 +86,32 @@ def test_device_map_is_refused_under_torchrun_with_several_processes(monkeypatch
         load_pair("testbed", "testbed", device_map="auto")
     with pytest.raises(ValueError, match="use one of auto"):
         load_model("testbed", device_map="everywhere")
+
+
+def test_model_names_come_from_registered_entry_points(monkeypatch, tmp_path):
+    """The core knows no model name: the testbed's come from the ``rift_ada.models`` entry points (pyproject.toml),
+    its package is imported only when one of them is resolved, and an unknown short name is a one-line error."""
+    import functools
+    from importlib.metadata import EntryPoint
+
+    from rift_ada import models
+
+    names = {"testbed", "testbed-target", "testbed-draft", "testbed-lm", "testbed-lm-target", "testbed-lm-draft"}
+    assert names <= set(models.model_sources())
+    assert [models.drafter_model(n) for n in ("testbed", "testbed-lm", "testbed-draft", "Qwen/Qwen3-8B")] == [
+        "testbed-draft", "testbed-lm-draft", "testbed-draft", "Qwen/Qwen3-8B"]
+    with pytest.raises(ModelLoadError, match="unknown model name 'testbd'") as err:
+        resolve("testbd")
+    assert "\n" not in str(err.value) and "testbed-lm-draft" in str(err.value)
+    assert resolve("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"  # a hub id goes on to from_pretrained
+    monkeypatch.setitem(models.MODEL_SOURCES, "mine", lambda name: tmp_path / name)
+    assert resolve("mine") == str(tmp_path / "mine")
+    stale = EntryPoint(name="stale", value="rift_ada.no_such_module:folder", group=models.MODEL_GROUP)
+    monkeypatch.setitem(models.MODEL_SOURCES, "stale", functools.partial(models._load_entry_point, stale))
+    with pytest.raises(ModelLoadError, match="does not import .* reinstall rift-ada"):
+        resolve("stale")
+    code = ("import sys\nfrom rift_ada.models import model_sources, resolve\nmodel_sources()\n"
+            "before = 'rift_ada.testbed' in sys.modules\nresolve('testbed-lm')\n"
+            "print(before, 'rift_ada.testbed.names' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.split() == ["False", "True"], out.stderr

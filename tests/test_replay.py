@@ -18,7 +18,7 @@ from rift_ada.layout import CacheLayout
 from rift_ada.refresh import NeverController, PeriodicController
 from rift_ada.refresh.base import refresh_wanted
 from rift_ada.replay import ReplayTable
-from rift_ada.replay.oracle import OraclePolicy, oracle_rounds, solve
+from rift_ada.replay.oracle import OracleSchedule, oracle_rounds, solve
 from rift_ada.replay.process import Replay, replay_counts
 from rift_ada.speculative import Decoding, SpeculativeDecoder
 from tests.conftest import cached_testbed_pair
@@ -66,7 +66,7 @@ def decoded(i: int, schedule, shipped: bool = True) -> tuple[list, list]:
         g = len(dec.result.tokens)
         pending = len(ids) + g - dec.dcache.length
         obs.append(signals.observe(dec.state))
-        refresh = (schedule.at(g, pending, row) if isinstance(schedule, OraclePolicy)
+        refresh = (schedule.at(g, pending, row) if isinstance(schedule, OracleSchedule)
                    else refresh_wanted(schedule, dec.state))
         row = (g - pending) // LAYOUT.refresh_grid if refresh else row
         rec = dec.step(refresh)
@@ -80,7 +80,7 @@ def replayed(tab: ReplayTable, schedule) -> tuple[list, list]:
     rounds, obs = [], []
     while not r.done:
         obs.append(signals.observe(r.state))
-        refresh = schedule.decide(r) if isinstance(schedule, OraclePolicy) else refresh_wanted(schedule, r.state)
+        refresh = schedule.refreshes(r) if isinstance(schedule, OracleSchedule) else refresh_wanted(schedule, r.state)
         rec = r.step(refresh)
         rounds.append((rec.position, rec.accepted, rec.refreshed))
     return rounds, obs
@@ -285,8 +285,8 @@ def test_imitation_fits_the_oracles_decisions_and_adds_its_own_states():
     r = Replay(tabs[0], 4)
     r.reset(np.random.default_rng(0))
     while not r.done:  # a label is the oracle's decision at the replayed state
-        assert pol.decide(r) == pol.at(r.g, r.pending, r.row)
-        r.step(pol.decide(r))
+        assert pol.refreshes(r) == pol.at(r.g, r.pending, r.row)
+        r.step(pol.refreshes(r))
 
 
 def test_code_bases_by_name_and_one_line_refusals():

@@ -6,7 +6,6 @@ import contextlib
 import csv
 import io
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,13 +18,10 @@ pytestmark = pytest.mark.slow
 
 
 def script():
-    """experiments/reproduce_figures.py as a module (its main is not run): imported from experiments/, as the script
-    itself imports its figures/ package."""
-    if str(ROOT / "experiments") not in sys.path:
-        sys.path.insert(0, str(ROOT / "experiments"))
-    import reproduce_figures
+    """experiments/reproduce_figures.py as a module (its main is not run)."""
+    from tests.conftest import script_module
 
-    return reproduce_figures
+    return script_module("reproduce_figures")
 
 
 def read(out: Path, name: str) -> list[dict]:

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from rift_ada.trainers.resume import open_state
+from rift_ada.resume import open_state
 from rift_ada.trainers.wandb_logging import ResumableRun
 
 

@@ -18,7 +18,7 @@ from rift_ada.layout import CacheLayout
 from rift_ada.models import greedy_reference
 from rift_ada.policies import make_policy
 from rift_ada.refresh import PeriodicController
-from rift_ada.speculative import Decoding, SpeculativeDecoder
+from rift_ada.speculative import Decoding, SpeculativeDecoder, forward
 from tests.conftest import cached_testbed_pair, random_model
 from tests.test_sampling import check_rift_dyn_sampling
 
@@ -52,7 +52,7 @@ def test_static_step_computes_the_drafts_own_forward(key):
     for i in range(40):
         a = ours._static(ours.dcache, token, ours.dcache.length)
         with torch.inference_mode():
-            b = theirs._forward(theirs.draft, theirs.dcache, [token], observe=True)
+            b = forward(theirs.draft, theirs.dcache, [token], theirs.device, observe=True)
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
         token = int(b.argmax())
         if i % 5 == 4:
@@ -81,7 +81,7 @@ def test_static_verify_computes_the_targets_own_forward(key):
         tokens = torch.randint(1, 128, (n,), generator=g).tolist()
         a = ours._static_verify(ours.tcache, tokens)
         with torch.inference_mode():
-            b = theirs._forward(theirs.target, theirs.tcache, tokens, all_logits=True)
+            b = forward(theirs.target, theirs.tcache, tokens, theirs.device, all_logits=True)
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
         for dec in (ours, theirs):
             dec.tcache.crop(-2)

@@ -1,4 +1,5 @@
-"""The testbed recipe: a staged build that resumes bit for bit, and the check's language-model fields."""
+"""The testbed recipe: a staged build that resumes bit for bit, a checkpoint that is read without running pickled
+code, and the check's language-model fields."""
 
 import hashlib
 import json
@@ -95,6 +96,44 @@ def test_build_refuses_to_overwrite_a_build_without_resume(tmp_path):
            "--output-dir", str(tmp_path / "o"), "--work-dir", str(tmp_path / "w")]
     res = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
     assert res.returncode == 2 and "--resume" in res.stderr.strip().splitlines()[-1]
+
+
+class _Planted:
+    """Unpickled, this would make a folder: the harmless stand-in for code a planted checkpoint runs."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.mkdir, (str(self.marker),)
+
+
+def test_a_planted_pickle_checkpoint_is_refused_without_running_it(tmp_path):
+    import torch
+
+    from rift_ada.testbed.train import read_checkpoint
+
+    work, marker = tmp_path / "w", tmp_path / "ran"
+    work.mkdir()
+    torch.save({"stage": 0, "step": 1, "models": {}, "optimizers": {}, "rng": _Planted(marker), "nrng": {},
+                "running": {}}, work / "checkpoint.pt")
+    cmd = [sys.executable, str(ROOT / "experiments" / "build_testbed.py"), "--quick", "--no-compose", "--resume",
+           "--threads", "1", "--output-dir", str(tmp_path / "o"), "--work-dir", str(work)]
+    res = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    last = res.stderr.strip().splitlines()[-1]
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert last.startswith(f"error: {work / 'checkpoint.pt'}: refused") and "posix.mkdir" in last, last
+    assert not marker.exists(), "the planted code ran"
+    # A bare pickle (torch's legacy format) is refused the same way, and so is a damaged archive.
+    import pickle
+
+    (work / "checkpoint.pt").write_bytes(pickle.dumps(_Planted(marker)))
+    with pytest.raises(ValueError, match="refused") as err:
+        read_checkpoint(work / "checkpoint.pt")
+    assert "\n" not in str(err.value) and not marker.exists()
+    (work / "checkpoint.pt").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(ValueError, match="unreadable checkpoint"):
+        read_checkpoint(work / "checkpoint.pt")
 
 
 def test_code_scores_are_teacher_forced_top1_and_nll(tokenizer, testbed_target, testbed_draft):

@@ -96,9 +96,9 @@ def test_main_job_small_run_writes_wandb_offline_table_and_outputs(tmp_path):
         "heldout-000-0.safetensors", "heldout-001-0.safetensors", "train-000-0.safetensors",
         "train-001-0.safetensors"]
     assert metrics["data"]["train_sources"] == ["numpy", "stdlib"]
-    # The logistic controller's thresholds were not given: chosen on the training tables (state/knobs.json)
-    knobs = json.loads((out / "state" / "knobs.json").read_text())
-    assert sorted(float(r["knob"]) for r in rows if r["family"] == "logistic") == sorted(knobs["chosen"]["logistic"])
+    # The logistic controller's thresholds were not given: chosen on the training tables (state/knobs-logistic.json)
+    knobs = json.loads((out / "state" / "knobs-logistic.json").read_text())
+    assert sorted(float(r["knob"]) for r in rows if r["family"] == "logistic") == sorted(knobs["chosen"])
     assert all(r["family"] != "tree" or float(r["knob"]) == 0.5 for r in rows), "the given level is kept"
     oracle = [r for r in rows if r["family"] == "oracle"]
     assert [float(r["knob"]) for r in oracle] == [0.5, 2.0] and all(r["al_gain"] != "" for r in oracle)
@@ -112,7 +112,8 @@ def test_main_job_small_run_writes_wandb_offline_table_and_outputs(tmp_path):
     median_entropy = np.quantile(states[:, signals.index("entropy_mean")], 0.5)
     assert float(entropy["knob"]) == float(f"{median_entropy:.4g}") and entropy["al_gain"] != ""
     assert (out / "tradeoff.png").stat().st_size > 1000 and (out / "tradeoff_time.png").stat().st_size > 1000
-    from rift_ada.refresh import DQNController, load_controller
+    from rift_ada.controllers import DQNController
+    from rift_ada.refresh import load_controller
 
     for family, suffix in (("tree", "json"), ("logistic", "json"), ("ppo", "pt"), ("dqn", "pt")):
         path = out / f"controller-{family}.{suffix}"
@@ -163,11 +164,9 @@ def test_help_and_bad_values():
 
 
 def test_paper_preset_sets_the_paper_setting_and_the_testbed_refuses_it(tmp_path):
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import train_controller
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    from tests.conftest import script_module
+
+    train_controller = script_module("train_controller")
     paper = train_controller.parse_args(["--preset", "paper", "--budget", "4096"])  # an explicit option wins
     assert (paper.input_tokens, paper.max_new_tokens, paper.budget, paper.draft_length, paper.temperature) == \
         (32768, 4096, 4096, 11, 1.0)

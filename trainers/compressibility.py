@@ -26,10 +26,15 @@ Pieces, in the order a training step uses them:
 Data parallel (torchrun, :mod:`rift_ada.distributed`): an optimizer step's ``grad_accum`` samples (the global batch,
 the same as in one process) are split evenly across the processes, their LoRA gradients summed, and rank 0 alone
 writes checkpoints and logs. The loss curve equals one process's up to floating-point summation order.
+
+Files read back (target outputs, checkpoints) hold tensors and plain values only and are read with
+``torch.load(weights_only=True)`` (:mod:`rift_ada.trainers.torch_files`): a pickle planted in their place is refused
+before any of its code runs. The held-out evaluation is :mod:`rift_ada.trainers.compressibility_eval`.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
@@ -44,9 +49,13 @@ from rift_ada.attention import use_rift_attention
 from rift_ada.cache import RiftCache, RiftLayer
 from rift_ada.layout import CacheLayout
 from rift_ada.selection import observation_window, select_importance
-from rift_ada.trainers.resume import atomic_write, write_json
+from rift_ada.resume import atomic_write, write_json
+
+from .torch_files import read_torch
 
 FORMAT = "rift-ada/target-logits-v1"
+# The training prompts' task formats: every format the evaluation asks for.
+TRAIN_FAMILIES = ("low", "sort", "mixed", "high")
 
 
 # --- 1. target outputs -----------------------------------------------------------------------------------------------
@@ -77,7 +86,7 @@ def build_target_outputs(target, prompts: list[list[int]], continuation_tokens: 
     partial = folder / "samples.partial.pt"
     samples, done = [], 0
     if main:  # only rank 0 reads and writes the files; the others learn where to start from it
-        saved = torch.load(partial, weights_only=True) if partial.is_file() else {}
+        saved = read_torch(partial, "a partial target-output file") if partial.is_file() else {}
         samples = saved.get("samples", []) if saved.get("settings") == settings else []
         while done < min(len(samples), len(prompts)) and samples[done]["prompt_ids"].tolist() == list(prompts[done]):
             done += 1  # the stored prefix that belongs to these prompts
@@ -136,10 +145,46 @@ def load_target_outputs(folder: str | Path, vocab_size: int | None = None) -> tu
         raise ValueError(f"{folder}: unknown target-output format {meta.get('format')!r} (expected {FORMAT!r})")
     if vocab_size is not None and meta["vocab_size"] != vocab_size:
         raise ValueError(f"{folder} holds logits over {meta['vocab_size']} tokens, the draft has {vocab_size}")
-    samples = torch.load(folder / "samples.pt", weights_only=True)
-    if len(samples) != meta["samples"]:
-        raise ValueError(f"{folder}: meta.json lists {meta['samples']} samples, samples.pt holds {len(samples)}")
+    samples = read_torch(folder / "samples.pt", "a target-output file")
+    if not isinstance(samples, list) or len(samples) != meta["samples"]:
+        held = f"{len(samples)} samples" if isinstance(samples, list) else f"a {type(samples).__name__}"
+        raise ValueError(f"{folder}: meta.json lists {meta['samples']} samples, samples.pt holds {held}")
     return meta, samples
+
+
+def training_tasks(tokenizer, n: int, input_tokens: int, seed: int) -> list:
+    """The training prompts: every task format the evaluation asks for (TRAIN_FAMILIES, interleaved so that any
+    prefix holds all of them), built from the standard library's training split, never from the eval split."""
+    from rift_ada.data import build_tasks
+
+    per = -(-n // len(TRAIN_FAMILIES))
+    built = [build_tasks(tokenizer, f, n=per, input_tokens=input_tokens, seed=seed + 100 + i, split="train")
+             for i, f in enumerate(tqdm(TRAIN_FAMILIES, desc="building prompts", disable=not distributed.is_main()))]
+    return [fam[i] for i in range(per) for fam in built][:n]
+
+
+def target_outputs(pair, folder: str | Path, given: bool, target_name: str, prompts: int, input_tokens: int,
+                   continuation_tokens: int, top_k: int, temperature: float, seed: int) -> list[dict]:
+    """The target's outputs to distil, from ``folder``: ``given`` ones (FileNotFoundError if missing), or built there
+    from ``prompts`` training prompts (:func:`training_tasks`; sharded under torchrun) unless a previous run built
+    them with the same settings; ones built with other settings are refused (ValueError)."""
+    from rift_ada.data import encode_prompts
+
+    folder = Path(folder)
+    if not (folder / "meta.json").is_file():
+        if given:
+            raise FileNotFoundError(f"no target outputs in {str(folder)!r} (meta.json missing)")
+        tasks = training_tasks(pair.tokenizer, prompts, input_tokens, seed)
+        build_target_outputs(pair.target, encode_prompts(pair.tokenizer, tasks), continuation_tokens, folder, top_k,
+                             temperature, seed, target_name)
+    meta, samples = load_target_outputs(folder, vocab_size=pair.draft.config.vocab_size)
+    want = {"target": target_name, "top_k": top_k, "temperature": temperature,
+            "continuation_tokens": continuation_tokens, "samples": prompts}
+    diff = [f"{k} {meta.get(k)!r} -> {v!r}" for k, v in want.items() if meta.get(k) != v]
+    if diff and not given:  # an older run's, in the output folder
+        raise ValueError(f"{folder} holds target outputs built with other settings ({'; '.join(diff)}); delete it, "
+                         "or choose another --output-dir")
+    return samples
 
 
 # --- 2./3. selections and masks -----------------------------------------------------------------------------------
@@ -346,11 +391,6 @@ class TrainConfig:
     seed: int = 0
 
 
-def _checkpoints(folder: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (state.pt is written atomically, so one that exists is whole)."""
-    return sorted((p for p in folder.glob("step-*") if (p / "state.pt").is_file()), key=lambda p: int(p.name[5:]))
-
-
 def draw_sample(cfg: TrainConfig, samples: list[dict], index: int) -> tuple[dict, CacheLayout | None, int | None]:
     """The sample at global position ``index`` and how it is masked: (sample, layout or None for the full cache,
     RIFT-dyn period or None), all drawn from (seed, index) alone."""
@@ -380,95 +420,156 @@ def train(model, samples: list[dict], cfg: TrainConfig, output_dir: str | Path, 
     process sees (``sample_order`` and the per-sample layout draws are indexed globally), and ValueError if
     ``grad_accum`` is not a multiple of W. Every process ends with the same adapter and history; rank 0 alone writes
     checkpoints, calls ``log`` and shows progress. Every process resumes from the checkpoint rank 0 finds."""
-    from peft import set_peft_model_state_dict
-    from peft.utils import get_peft_model_state_dict
-
-    world, rank, main = distributed.world_size(), distributed.rank(), distributed.is_main()
+    world, main = distributed.world_size(), distributed.is_main()
     if cfg.grad_accum % world:
         raise ValueError(f"--grad-accum {cfg.grad_accum} (samples per optimizer step, the global batch) is not a "
                          f"multiple of the {world} torchrun processes: each process takes an equal share")
-    per_rank = cfg.grad_accum // world
-    out = Path(output_dir)
-    ckpt_dir = out / "checkpoints"
+    ckpt_dir = Path(output_dir) / "checkpoints"
     if main:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
+    log = log if main else None
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    start, history, evals = 0, [], []
-    last = distributed.broadcast(str(_checkpoints(ckpt_dir)[-1]) if main and resume and _checkpoints(ckpt_dir)
-                                 else None)  # one checkpoint for all processes (the folder is shared)
-    if last is not None:
-        state = torch.load(Path(last) / "state.pt", weights_only=False)
-        set_peft_model_state_dict(model, state["adapter"])
-        opt.load_state_dict(state["optimizer"])
-        start, history, evals = state["step"], state["history"], state.get("evals", [])
+    start, history, evals = _resume(model, opt, ckpt_dir, resume)
     # Data parallel: every process must start from the same adapter (a fresh one is seeded alike; this makes sure).
     with torch.no_grad():
         distributed.broadcast_(params)
-
-    def evaluate_at(step):
-        if eval_fn is None or any(e["step"] == step for e in evals):
-            return
-        model.eval()
-        result = {"step": step, **eval_fn(model)}
-        model.train()
-        evals.append(result)
-        if log is not None and main:
-            log({**{f"heldout/{k}": v for k, v in result.items() if k != "step"}, "lora/step": step})
-
     if eval_every and start == 0:
-        evaluate_at(0)  # the untrained draft's point (a resumed run has it already)
+        _evaluate_at(0, model, eval_fn, evals, log)  # the untrained draft's point (a resumed run has it already)
     model.train()
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="LoRA compressibility",
                disable=not progress or not main)
     for step in bar:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
-        opt.zero_grad(set_to_none=True)
-        losses = []  # (position in the step, this process's sample losses and metrics): all of them in one process
-        for micro in range(rank * per_rank, (rank + 1) * per_rank):
-            index = step * cfg.grad_accum + micro
-            sample, layout, period = draw_sample(cfg, samples, index)
-            with distributed.on_shard(index):
-                # Divided by the global batch: the step's loss (and gradient) is the mean over all its samples.
-                loss, metrics = sample_loss(model, sample, layout, period, cfg.accept_weight, cfg.tv_weight)
-                (loss / cfg.grad_accum).backward()
-            losses.append((micro, {"loss": loss.item() / cfg.grad_accum, "dense": layout is None, **metrics}))
-        if world > 1:
-            # Data parallel by hand rather than DistributedDataParallel. The gradient one process accumulates is
-            # sum_i grad(loss_i / grad_accum) over the step's samples; summing the processes' partial sums gives that
-            # very gradient (up to summation order), whereas DDP *averages* over processes, so the losses would have
-            # to be scaled by W to compensate. DDP would also wrap the peft model (sample_loss calls its
-            # disable_adapter() for the frozen scoring pass), need no_sync() for every sample but the last, and
-            # overlap communication with a backward pass whose LoRA gradients are small: one flat all-reduce per
-            # optimizer step is simpler and as fast. Clipping and AdamW then see the same gradient on every process,
-            # so the adapters stay identical without further communication.
-            for p in params:
-                if p.grad is None:  # unused in this process's forwards: contributes zero
-                    p.grad = torch.zeros_like(p)
-            distributed.all_reduce_sum_([p.grad for p in params])
-        every = distributed.gather(losses)  # every sample's loss and metrics, in the step's order
-        total = sum(m["loss"] for m in every)  # summed in one process's order
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        entry = {"step": step + 1, "loss": total, "lr": opt.param_groups[0]["lr"]}
-        for kind, dense in (("compressed", False), ("dense", True)):  # the draft under RIFT masks / its full cache
-            for key in ("accept", "top1", "kl"):
-                vals = [m[key] for m in every if m["dense"] == dense]
-                if vals:
-                    entry[f"{kind}_{key}"] = sum(vals) / len(vals)
+        entry = _optimizer_step(model, params, opt, samples, cfg, step)
         history.append(entry)
-        bar.set_postfix(loss=f"{total:.4f}")
-        if log is not None and main:
+        bar.set_postfix(loss=f"{entry['loss']:.4f}")
+        if log is not None:
             log({f"lora/{k}": v for k, v in entry.items() if k != "step"} | {"lora/step": step + 1})
         if eval_every and (step + 1) % eval_every == 0:
-            evaluate_at(step + 1)
-        done = step + 1 == cfg.steps or (stop_after is not None and step + 1 >= stop_after)
-        if main and ((step + 1) % cfg.checkpoint_every == 0 or done):
-            ckpt = {"adapter": get_peft_model_state_dict(model), "optimizer": opt.state_dict(), "step": step + 1,
-                    "history": history, "evals": evals}
-            atomic_write(ckpt_dir / f"step-{step + 1}" / "state.pt", lambda tmp: torch.save(ckpt, tmp))
-        if stop_after is not None and step + 1 >= stop_after:
+            _evaluate_at(step + 1, model, eval_fn, evals, log)
+        stop = stop_after is not None and step + 1 >= stop_after
+        if main and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps or stop):
+            save_checkpoint(ckpt_dir, {"adapter": _adapter_state(model), "optimizer": opt.state_dict(),
+                                       "step": step + 1, "history": history, "evals": evals})
+        if stop:
             break
     model.eval()
     return {"history": history, "evals": evals, "steps_done": history[-1]["step"] if history else start}
+
+
+def train_adapter(base, samples: list[dict], cfg: TrainConfig, output_dir: str | Path, rank: int = 8,
+                  modules=None, layers: list[int] | None = None, **train_kw) -> tuple[object, dict]:
+    """A LoRA adapter (``rift_ada.lora.attach``: ``rank``, alpha 2 x rank, ``modules`` or every linear layer,
+    ``layers`` or all) on a copy of ``base``, which stays unadapted (it verifies in self-speculation), trained by
+    :func:`train` (``train_kw``) and saved to ``output_dir/adapter`` with ``base``'s fingerprint (by rank 0).
+    Returns (the adapted model, :func:`train`'s record)."""
+    from rift_ada import lora
+
+    torch.manual_seed(cfg.seed)  # the adapter's initialisation
+    student = lora.attach(copy.deepcopy(base), rank=rank, alpha=2 * rank,
+                          target_modules=modules or lora.DEFAULT_TARGET_MODULES, layers=layers)
+    trained = train(student, samples, cfg, output_dir, **train_kw)
+    if distributed.is_main():
+        lora.save(student, lora.fingerprint(base), Path(output_dir) / "adapter")
+    return student, trained
+
+
+def _optimizer_step(model, params: list, opt, samples: list[dict], cfg: TrainConfig, step: int) -> dict:
+    """Optimizer step ``step`` over the global batch's samples (this process's share of them under torchrun); its
+    history entry (the loss summed over the batch, the lr, and the compressed and dense samples' metrics)."""
+    world, rank = distributed.world_size(), distributed.rank()
+    per_rank = cfg.grad_accum // world
+    for g in opt.param_groups:
+        g["lr"] = lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
+    opt.zero_grad(set_to_none=True)
+    losses = []  # (position in the step, this process's sample losses and metrics): all of them in one process
+    for micro in range(rank * per_rank, (rank + 1) * per_rank):
+        index = step * cfg.grad_accum + micro
+        sample, layout, period = draw_sample(cfg, samples, index)
+        with distributed.on_shard(index):
+            # Divided by the global batch: the step's loss (and gradient) is the mean over all its samples.
+            loss, metrics = sample_loss(model, sample, layout, period, cfg.accept_weight, cfg.tv_weight)
+            (loss / cfg.grad_accum).backward()
+        losses.append((micro, {"loss": loss.item() / cfg.grad_accum, "dense": layout is None, **metrics}))
+    if world > 1:
+        # Data parallel by hand rather than DistributedDataParallel. The gradient one process accumulates is
+        # sum_i grad(loss_i / grad_accum) over the step's samples; summing the processes' partial sums gives that
+        # very gradient (up to summation order), whereas DDP *averages* over processes, so the losses would have
+        # to be scaled by W to compensate. DDP would also wrap the peft model (sample_loss calls its
+        # disable_adapter() for the frozen scoring pass), need no_sync() for every sample but the last, and
+        # overlap communication with a backward pass whose LoRA gradients are small: one flat all-reduce per
+        # optimizer step is simpler and as fast. Clipping and AdamW then see the same gradient on every process,
+        # so the adapters stay identical without further communication.
+        for p in params:
+            if p.grad is None:  # unused in this process's forwards: contributes zero
+                p.grad = torch.zeros_like(p)
+        distributed.all_reduce_sum_([p.grad for p in params])
+    every = distributed.gather(losses)  # every sample's loss and metrics, in the step's order
+    total = sum(m["loss"] for m in every)  # summed in one process's order
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    entry = {"step": step + 1, "loss": total, "lr": opt.param_groups[0]["lr"]}
+    for kind, dense in (("compressed", False), ("dense", True)):  # the draft under RIFT masks / its full cache
+        for key in ("accept", "top1", "kl"):
+            vals = [m[key] for m in every if m["dense"] == dense]
+            if vals:
+                entry[f"{kind}_{key}"] = sum(vals) / len(vals)
+    return entry
+
+
+def _evaluate_at(step: int, model, eval_fn, evals: list[dict], log) -> None:
+    """``eval_fn``'s point at ``step`` into ``evals`` and ``log``, unless there is one already (a resumed run's)."""
+    if eval_fn is None or any(e["step"] == step for e in evals):
+        return
+    model.eval()
+    result = {"step": step, **eval_fn(model)}
+    model.train()
+    evals.append(result)
+    if log is not None:
+        log({**{f"heldout/{k}": v for k, v in result.items() if k != "step"}, "lora/step": step})
+
+
+# --- checkpoints -------------------------------------------------------------------------------------------------------
+# ``checkpoints/step-N/state.pt``: {"adapter": the peft state dict, "optimizer": AdamW's state dict, "step": N,
+# "history": [...], "evals": [...]}: tensors and plain values only, so resuming reads it with weights_only=True.
+CHECKPOINT_KEYS = ("adapter", "optimizer", "step", "history")
+
+
+def _adapter_state(model) -> dict:
+    from peft.utils import get_peft_model_state_dict
+
+    return get_peft_model_state_dict(model)
+
+
+def checkpoints(folder: Path) -> list[Path]:
+    """Complete checkpoints, oldest first (state.pt is written atomically, so one that exists is whole)."""
+    return sorted((p for p in folder.glob("step-*") if (p / "state.pt").is_file()), key=lambda p: int(p.name[5:]))
+
+
+def save_checkpoint(folder: Path, state: dict) -> Path:
+    return atomic_write(folder / f"step-{state['step']}" / "state.pt", lambda tmp: torch.save(state, tmp))
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    """A checkpoint :func:`save_checkpoint` wrote; ValueError (one line naming the file) for anything else, a
+    planted pickle included (it is refused before any of its code runs)."""
+    state = read_torch(path, "a compressibility training checkpoint")
+    missing = [k for k in CHECKPOINT_KEYS if k not in state] if isinstance(state, dict) else list(CHECKPOINT_KEYS)
+    if missing:
+        raise ValueError(f"{path}: not a compressibility training checkpoint (it lacks {', '.join(missing)})")
+    return state
+
+
+def _resume(model, opt, ckpt_dir: Path, resume: bool) -> tuple[int, list, list]:
+    """(start step, history, evals): the latest checkpoint rank 0 finds in ``ckpt_dir`` (``resume``), loaded into
+    ``model`` and ``opt`` on every process (the folder is shared), or a fresh start."""
+    from peft import set_peft_model_state_dict
+
+    found = checkpoints(ckpt_dir) if resume and distributed.is_main() else []
+    last = distributed.broadcast(str(found[-1]) if found else None)  # one checkpoint for all processes
+    if last is None:
+        return 0, [], []
+    state = load_checkpoint(Path(last) / "state.pt")
+    set_peft_model_state_dict(model, state["adapter"])
+    opt.load_state_dict(state["optimizer"])
+    return state["step"], state["history"], state.get("evals", [])

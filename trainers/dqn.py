@@ -1,5 +1,5 @@
-"""DQN training of a refresh controller (stable-baselines3), the second learner beside PPO, and its export to a
-torch-only DQNController.
+"""DQN training of a refresh controller (stable-baselines3), the second learner beside PPO (the kind and its export:
+``rift_ada.controllers.dqn``).
 
 Same protocol as PPO (``rift_ada.trainers.ppo``): the same RefreshEnvs, the same VecNormalize wrapper (observations
 and rewards normalised; SB3's replay buffer stores raw transitions and normalises them when sampled), one process,
@@ -9,8 +9,7 @@ observation statistics baked in; its argmax is ``DQN.predict(obs, deterministic=
 
 from __future__ import annotations
 
-from rift_ada.refresh.mlp import DQNController
-from rift_ada.trainers.ppo import export_mlp, learn, make_vec_env
+from rift_ada.trainers.ppo import learn, make_vec_env
 
 
 def dqn_timesteps(timesteps: int, n_envs: int, train_freq: int = 1) -> int:
@@ -36,14 +35,3 @@ def train_dqn(env_fns, timesteps: int, seed: int = 0, callback=None, net_arch=(3
                 policy_kwargs={"net_arch": list(net_arch)})
     return learn(model, venv, timesteps, dqn_timesteps(timesteps, len(env_fns), train_freq), callback, logger,
                  progress)
-
-
-def export_dqn(model, vec_normalize=None, lam: float | None = None) -> DQNController:
-    """The greedy action of the Q-network as a plain MLP, with VecNormalize's observation statistics baked in."""
-    from stable_baselines3.common.torch_layers import FlattenExtractor
-
-    q = model.q_net
-    if not isinstance(q.features_extractor, FlattenExtractor):
-        raise ValueError(f"cannot export a DQN with a {type(q.features_extractor).__name__}: the flattening features "
-                         "extractor of MlpPolicy only")
-    return export_mlp(DQNController, list(q.q_net), vec_normalize, lam)

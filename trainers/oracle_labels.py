@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rift_ada import signals
-from rift_ada.replay.oracle import OraclePolicy, solve
+from rift_ada.replay.oracle import OracleSchedule, solve
 from rift_ada.replay.process import Replay
 from rift_ada.replay.table import ReplayTable
 
@@ -68,7 +68,7 @@ class Explore:
         return not act if self.rng.random() < self.eps else act
 
 
-def label_states(tables: Sequence[ReplayTable], policies: Sequence[OraclePolicy], draft_length: int,
+def label_states(tables: Sequence[ReplayTable], policies: Sequence[OracleSchedule], draft_length: int,
                  behaviour: Callable[[np.random.Generator], Callable], episodes: int,
                  rng: np.random.Generator) -> LabelledStates:
     """``episodes`` replays of each table under ``behaviour(rng)`` (a new one per episode), every state labelled with
@@ -82,7 +82,7 @@ def label_states(tables: Sequence[ReplayTable], policies: Sequence[OraclePolicy]
             while not r.done:
                 obs = signals.observe(r.state)
                 X.append(obs)
-                y.append(policy.decide(r))
+                y.append(policy.refreshes(r))
                 weight.append(abs(policy.gain[r.g, min(r.pending, 2) - 1, r.row]))
                 which.append(i)
                 r.step(act(r, obs))
@@ -99,7 +99,7 @@ class ImitationResult:
     history: list = field(default_factory=list)  # per round: states, positive rate, training accuracy
 
 
-def demonstrations(tables: Sequence[ReplayTable], policies: Sequence[OraclePolicy], draft_length: int,
+def demonstrations(tables: Sequence[ReplayTable], policies: Sequence[OracleSchedule], draft_length: int,
                    period_range: tuple[int, int] = (16, 192), episodes: int = 4, seed: int = 0):
     """(X, y, weights) for behaviour cloning (``rift_ada.trainers.ppo.clone``): the ``policies``' decisions (e.g. the
     oracles whose cost is an env's reward: ``ReplayEnv(shaping=True).oracles``) at the states of random periodic
@@ -121,7 +121,7 @@ def reward_demonstrations(tables: Sequence[ReplayTable], env: dict, period_range
 
 def imitate(tables: Sequence[ReplayTable], fit: Callable[..., object], draft_length: int = 11,
             refresh_price: float = 4.0, rounds: int = 2, episodes: int = 4, period_range: tuple[int, int] = (16, 192),
-            eps: float = 0.1, seed: int = 0, policies: Sequence[OraclePolicy] | None = None,
+            eps: float = 0.1, seed: int = 0, policies: Sequence[OracleSchedule] | None = None,
             weighted: bool = True) -> ImitationResult:
     """Fit a controller (``fit(X, y, sample_weight) -> controller``) to the oracle's decisions at ``refresh_price``:
     first on states of random periodic schedules, then ``rounds - 1`` times more on those states plus the ones the

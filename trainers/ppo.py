@@ -1,11 +1,12 @@
-"""PPO training of a refresh controller (stable-baselines3), and its export to a torch-only PPOController."""
+"""PPO training of a refresh controller (stable-baselines3), and the export of an SB3 MLP to a torch-only controller
+(``export_mlp``; the kinds themselves: ``rift_ada.controllers.ppo`` / ``.dqn``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from rift_ada.refresh.mlp import MLPController, PPOController, build_mlp
+from rift_ada.refresh.mlp import MLPController, build_mlp
 
 
 def make_vec_env(env_fns, norm_reward: bool = True, subproc: bool = False):
@@ -123,12 +124,6 @@ def learn(model, venv, timesteps: int, bar_total: int, callback=None, logger=Non
         callback = bar if callback is None else [callback, bar]
     model.learn(total_timesteps=timesteps, callback=callback, progress_bar=False, reset_num_timesteps=reset)
     return model, venv
-
-
-def export_ppo(model, vec_normalize=None, lam: float | None = None) -> PPOController:
-    """The policy's deterministic action as a plain MLP, with VecNormalize's observation statistics baked in."""
-    policy = model.policy
-    return export_mlp(PPOController, list(policy.mlp_extractor.policy_net) + [policy.action_net], vec_normalize, lam)
 
 
 def export_mlp(cls: type[MLPController], modules, vec_normalize=None, lam: float | None = None) -> MLPController:

@@ -7,7 +7,7 @@ import json
 import uuid
 from pathlib import Path
 
-from rift_ada.trainers.resume import write_json
+from rift_ada.resume import write_json
 
 
 class ResumableRun:

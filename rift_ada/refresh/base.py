@@ -3,7 +3,8 @@
 Controllers see only the numpy observation (``rift_ada.signals``), never the models, so they stay tiny, testable and
 exportable. ``decide`` returns True to refresh the draft cache before the coming round. A new kind of controller is a
 subclass of :class:`Controller` (its ``kind``, ``decide``, ``save`` and ``load``; a ``spelling`` to be given as
-``--controller``, a :class:`Knob` to be swept) registered with ``rift_ada.refresh.registry.register``.
+``--controller``, a :class:`Knob` to be swept; a learned kind: ``train``) registered with
+``rift_ada.refresh.registry.register``.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from .. import signals
 
 @dataclass(frozen=True)
 class Knob:
-    """What the tradeoff sweeps (``rift_ada.sweep``) vary for a controller kind: the option that lists its values in
-    train_controller.py and reproduce_figures.py, and the range those values must lie in. No option: one point."""
+    """What the tradeoff sweeps (``rift_ada.sweep``) vary for a controller kind: the ``name`` of its list of values
+    (the command line spells it ``--name-with-dashes``: ``rift_ada.cli.add_knob_options``) and the range those values
+    must lie in. No name: one point. A learned kind's knob is the ``field`` its fitted controller is swept over (its
+    decision level), or none: it is trained once per value (the refresh-cost weight of PPO and DQN)."""
 
-    option: str | None = None  # e.g. "--periods"
+    name: str | None = None  # e.g. "periods"
     type: type = float
     default: tuple = ()
     help: str = ""
@@ -32,26 +35,52 @@ class Knob:
     high: float | None = None
     open: bool = False  # the bounds themselves are excluded
     quantiles_of: str | None = None  # the values are quantiles of this signal in observed states; the knob is its level
+    field: str | None = None  # a learned kind's field set to each value (None: the values are given to its training)
 
     def problem(self, values) -> str | None:
-        """What is wrong with ``values`` (one line), or None."""
+        """What is wrong with ``values`` ("must ...", one line), or None."""
         lo = -math.inf if self.low is None else self.low
         hi = math.inf if self.high is None else self.high
         if all((lo < v < hi) if self.open else (lo <= v <= hi) for v in values):
             return None
         if self.open:
-            return f"{self.option} must lie in ({lo:g}, {hi:g})"
-        return f"{self.option} must be >= {lo:g}" if self.high is None else f"{self.option} must lie in [{lo:g}, {hi:g}]"
+            return f"must lie in ({lo:g}, {hi:g})"
+        return f"must be >= {lo:g}" if self.high is None else f"must lie in [{lo:g}, {hi:g}]"
+
+
+@dataclass(frozen=True)
+class Option:
+    """A training setting of a learned kind (``Controller.options``), given as ``--KIND-NAME`` on the main job's
+    command line (``rift_ada.cli.add_learned_options``)."""
+
+    type: type
+    default: object
+    help: str
+    low: float | None = None  # the lowest value allowed
+    open: bool = False  # ``low`` itself excluded
 
 
 class Controller:
     """Base of the refresh controllers (a small base class, as stable-baselines3's): subclasses set ``kind`` and
-    implement :meth:`decide`, :meth:`save` and :meth:`load`."""
+    implement :meth:`decide`, :meth:`save` and :meth:`load`. A learned kind also implements :meth:`train` (the main
+    job calls it with its training data: ``rift_ada.trainers.controller_job``) and may declare ``options``."""
 
-    kind: ClassVar[str] = ""  # the "kind" of its files and its family in the tradeoff sweeps
+    kind: ClassVar[str] = ""  # its name: in its files, the sweeps' family column and --controller
     suffix: ClassVar[str] = ".json"  # its files: .json (read without torch) or .pt
     spelling: ClassVar[str | None] = None  # how --controller names it (e.g. "periodic:N"); None: by its file only
-    knob: ClassVar[Knob | None] = None  # what the tradeoff sweeps vary (None: a learned controller, swept by its job)
+    knob: ClassVar[Knob | None] = None  # what the tradeoff sweeps vary
+    options: ClassVar[dict[str, Option]] = {}  # a learned kind's training settings, by name
+    optional: ClassVar[bool] = False  # a learned kind the main job trains only when --learners names it
+
+    @classmethod
+    def learned(cls) -> bool:
+        return cls.train.__func__ is not Controller.train.__func__
+
+    @classmethod
+    def train(cls, job) -> list[tuple[object, "Controller"]]:
+        """A learned kind: ``(knob value, controller)`` for each point the sweeps take, trained on ``job``
+        (``rift_ada.trainers.controller_job.Job``: the training tables, the costs, the settings, resumable units)."""
+        raise NotImplementedError
 
     def decide(self, observation: np.ndarray) -> bool:
         raise NotImplementedError
@@ -68,7 +97,7 @@ class Controller:
         """The controller ``--controller KIND:ARG`` names (``spec`` is the whole option, for the error message): by
         default the one at ARG of its knob."""
         try:
-            return cls.at(cls.knob.type(arg) if cls.knob is not None and cls.knob.option is not None else arg)
+            return cls.at(cls.knob.type(arg) if cls.knob is not None and cls.knob.name is not None else arg)
         except ValueError:
             raise ValueError(f"--controller {spec!r}: write {cls.spelling}") from None
 
@@ -92,9 +121,9 @@ class GapRule(Controller):
         raise NotImplementedError
 
 
-def since_refresh(obs: np.ndarray) -> float:
-    """Generated tokens since the last scoring: exact, since the signal divides by a power of two (up to its cap)."""
-    return float(obs[signals.index("since_refresh")]) * signals.SINCE_SCALE
+def since_refresh(obs: np.ndarray) -> int:
+    """Generated tokens since the last scoring (``rift_ada.signals.tokens_since_refresh``)."""
+    return signals.tokens_since_refresh(obs)
 
 
 def refresh_wanted(controller: Controller | None, state: signals.DecoderState) -> bool:
@@ -121,11 +150,11 @@ def read_json_object(path: str | Path) -> dict:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except UnicodeDecodeError:
-        raise ValueError(f"{path}: not a controller file (not UTF-8 text; PPO and DQN controllers are .pt "
+        raise ValueError(f"{path}: not a controller file (not UTF-8 text; neural controllers, such as PPO's, are .pt "
                          "files)") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON (line {e.lineno}: {e.msg}); controllers are .json (rules, "
-                         "logistic) or .pt (PPO, DQN) files") from None
+        raise ValueError(f"{path}: not valid JSON (line {e.lineno}: {e.msg}); a controller is a .json file (rules, "
+                         "trees, linear models) or a .pt file (neural networks)") from None
     except OSError as e:
         raise ValueError(f"{path}: cannot read it ({e.strerror})") from None
     if not isinstance(data, dict):

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from .base import read_json_object
 from .mlp import load_mlp_controller
-from .registry import KINDS, kinds
+from .registry import known, kinds
 
 
 def load_controller(path: str | Path):
-    """A controller from a ``.json`` (rules, logistic) or ``.pt`` (PPO, DQN) file.
+    """A controller from a ``.json`` (rules, tree, logistic) or ``.pt`` (PPO, DQN: any registered kind) file.
 
     FileNotFoundError for a missing file; ValueError, in one line naming the file and what is wrong, for a file that
     is not a valid controller (corrupt, truncated, wrong structure, wrong types, unknown kind, other signals).
@@ -26,7 +26,7 @@ def load_controller(path: str | Path):
         what = "no 'kind' field" if kind is None else f"unknown controller kind {kind!r}"
         raise ValueError(f"{path}: {what}; a .json controller is one of {', '.join(kinds('.json'))} "
                          f"({' and '.join(k.upper() for k in kinds('.pt'))} controllers are .pt files)")
-    return KINDS[kind].load(path)
+    return known()[kind].load(path)
 
 
 def parse_controller(spec: str):
@@ -34,10 +34,10 @@ def parse_controller(spec: str):
     refresh when the last round's mean draft entropy / ln vocab exceeds X in [0, 1], ...) or the path of a saved
     controller file."""
     name, colon, arg = spec.partition(":")
-    cls = KINDS.get(name)
+    cls = known().get(name)
     if cls is not None and cls.spelling is not None and (":" in cls.spelling or not colon):
         return cls.from_spec(arg, spec)
     if Path(spec).suffix in (".json", ".pt") or Path(spec).exists():
         return load_controller(spec)
-    spellings = [c.spelling for c in KINDS.values() if c.spelling is not None]
+    spellings = [c.spelling for c in known().values() if c.spelling is not None]
     raise ValueError(f"--controller {spec!r}: give {', '.join(spellings)}, or a controller file (.json or .pt)")

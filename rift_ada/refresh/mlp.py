@@ -1,5 +1,5 @@
-"""Controllers exported from stable-baselines3 as plain torch MLPs: PPO (its policy) and DQN (its Q-network).
-SB3 trains them (``rift_ada.trainers.ppo`` / ``rift_ada.trainers.dqn``); deciding and loading need only torch.
+"""The exported form of controllers learned as neural networks: a plain torch MLP (the PPO and DQN kinds of
+``rift_ada.controllers`` subclass :class:`MLPController`); deciding and loading need only torch.
 
 An exported file holds the MLP (PPO: ``mlp_extractor.policy_net`` + ``action_net``; DQN: ``q_net.q_net`` after the
 flattening features extractor), its activation, the VecNormalize observation statistics baked in, the signal order,
@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from .. import signals
-from .base import Controller, check_observation, check_signal_order, number, numbers, short
-from .registry import KINDS, kinds, register
+from .base import Controller, Knob, check_observation, check_signal_order, number, numbers, short
+from .registry import known, kinds
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -43,10 +43,14 @@ def build_mlp(sizes: list[int], activation: str) -> nn.Sequential:
 
 @dataclass
 class MLPController(Controller):
-    """The exported form shared by PPO and DQN; use :class:`PPOController` / :class:`DQNController`."""
+    """The exported form shared by the neural kinds (``rift_ada.controllers``: PPO, DQN); subclass it with a ``kind``."""
 
     kind: ClassVar[str] = ""
     suffix: ClassVar[str] = ".pt"
+    # Trained once per refresh-cost weight (``lam``, in the replay environment), only when --learners names the kind.
+    knob: ClassVar[Knob] = Knob("lams", float, (8.0,), "refresh-cost weights for the learners (their knob on the "
+                                "tradeoff curve)", low=0)
+    optional: ClassVar[bool] = True
     net: nn.Sequential
     sizes: list[int]
     activation: str = "tanh"
@@ -55,10 +59,6 @@ class MLPController(Controller):
     epsilon: float = 1e-8
     clip: float = 10.0
     lam: float | None = None  # the refresh-cost weight it was trained with (its knob)
-    name: str = ""
-
-    def __post_init__(self):
-        self.name = self.name or self.kind
 
     def normalize(self, obs: np.ndarray) -> np.ndarray:
         return np.clip((obs - self.obs_mean) / np.sqrt(self.obs_var + self.epsilon), -self.clip, self.clip)
@@ -110,30 +110,19 @@ class MLPController(Controller):
                    None if d.get("lam") is None else number(d, "lam", path))
 
 
-@register
-@dataclass
-class PPOController(MLPController):
-    """PPO's policy MLP: argmax of the action logits."""
-
-    kind: ClassVar[str] = "ppo"
-
-
-@register
-@dataclass
-class DQNController(MLPController):
-    """DQN's Q-network: argmax of the two Q-values (the greedy action, no exploration)."""
-
-    kind: ClassVar[str] = "dqn"
+def _kinds() -> str:
+    """The registered kinds saved as .pt files, for messages ("PPO or DQN")."""
+    return " or ".join(k.upper() for k in kinds(".pt"))
 
 
 def load_mlp_controller(path: str | Path) -> MLPController:
-    """A PPO or DQN controller from a ``.pt`` file, whichever it holds."""
+    """A controller from a ``.pt`` file, of whichever registered kind it holds."""
     d = _read_torch_file(path)
     if not isinstance(d, dict) or d.get("kind") not in kinds(".pt"):
         held = f"kind {d.get('kind')!r}" if isinstance(d, dict) else f"a {type(d).__name__}"
-        raise ValueError(f"{path}: not a PPO or DQN controller file (it holds {held}; expected a dict with kind "
+        raise ValueError(f"{path}: not a {_kinds()} controller file (it holds {held}; expected a dict with kind "
                          f"{' or '.join(map(repr, kinds('.pt')))})")
-    return KINDS[d["kind"]]._from_dict(d, path)
+    return known()[d["kind"]]._from_dict(d, path)
 
 
 def _read_torch_file(path) -> object:
@@ -141,16 +130,16 @@ def _read_torch_file(path) -> object:
     retrying with ``weights_only=False``, which would execute code from the file: never do that here."""
     path = Path(path)
     if path.stat().st_size == 0:
-        raise ValueError(f"{path}: the file is empty, not a PPO or DQN controller")
+        raise ValueError(f"{path}: the file is empty, not a {_kinds()} controller")
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a truncated one has lost its directory
-        raise ValueError(f"{path}: not a torch zip archive: truncated, corrupt, or not a PPO or DQN controller file")
+        raise ValueError(f"{path}: not a torch zip archive: truncated, corrupt, or not a {_kinds()} controller file")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. a note on the pickle protocol, printed to stderr
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise ValueError(f"{path}: refused: it holds objects a safe load does not allow ({_torch_reason(e)}); a "
-                         "PPO or DQN controller file holds only tensors and plain values") from None
+                         f"{_kinds()} controller file holds only tensors and plain values") from None
     except Exception as e:  # a damaged archive: RuntimeError, EOFError, ... from torch's reader
         raise ValueError(f"{path}: unreadable torch file ({_torch_reason(e)}): truncated or corrupt") from None
 

@@ -23,7 +23,6 @@ class NeverController(Controller):
     kind: ClassVar[str] = "never"
     spelling: ClassVar[str] = "never"
     knob: ClassVar[Knob] = Knob()  # one point: RIFT-stat
-    name: str = "never"
 
     def decide(self, observation) -> bool:
         check_observation(observation)
@@ -49,10 +48,9 @@ class PeriodicController(Controller):
 
     kind: ClassVar[str] = "periodic"
     spelling: ClassVar[str] = "periodic:N"
-    knob: ClassVar[Knob] = Knob("--periods", int, (16, 32, 64, 128), "periodic refresh: generated tokens between "
+    knob: ClassVar[Knob] = Knob("periods", int, (16, 32, 64, 128), "periodic refresh: generated tokens between "
                                 "refreshes", low=1, high=int(signals.SINCE_SCALE))
     period: int = 64
-    name: str = "periodic"
 
     def __post_init__(self):
         if not 1 <= self.period <= signals.SINCE_SCALE:
@@ -86,11 +84,10 @@ class ThresholdController(GapRule):
     ``min_gap`` tokens of the last scoring (low acceptance right after a refresh is not staleness)."""
 
     kind: ClassVar[str] = "threshold"
-    knob: ClassVar[Knob] = Knob("--acc-thresholds", float, (0.5, 0.85), "threshold rule: refresh when acc_mean < x",
+    knob: ClassVar[Knob] = Knob("acc_thresholds", float, (0.5, 0.85), "threshold rule: refresh when acc_mean < x",
                                 low=0, high=1, open=True)
     rules: list = field(default_factory=lambda: [("acc_mean", "<", 0.5)])
     min_gap: int = 16
-    name: str = "threshold"
 
     def __post_init__(self):
         self.rules = [tuple(r) for r in self.rules]
@@ -137,14 +134,13 @@ class EntropyController(GapRule):
 
     kind: ClassVar[str] = "entropy"
     spelling: ClassVar[str] = "entropy:X"
-    knob: ClassVar[Knob] = Knob("--entropy-quantiles", float, (0.9,), "entropy rule: refresh when the last round's mean "
+    knob: ClassVar[Knob] = Knob("entropy_quantiles", float, (0.9,), "entropy rule: refresh when the last round's mean "
                                 "draft entropy exceeds these quantiles of the observed draft entropies (the "
                                 "labelled replay states; the rift-stat run's in the figures): the knob reported is the "
                                 "entropy level", low=0, high=1, open=True,
                                 quantiles_of="entropy_mean")
     threshold: float = 0.1
     min_gap: int = 16
-    name: str = "entropy"
 
     def __post_init__(self):
         if not is_number(self.threshold) or not 0 <= self.threshold <= 1:

@@ -16,8 +16,9 @@ import torch
 from ..architectures import UnsupportedModelError
 from ..cache import RiftCache
 from ..layout import CacheLayout
+from ..rounds import entropy, sampling_probs
 from ..signals import RUNWAY_CAP
-from ..speculative import Decoding, entropy, sampling_probs
+from ..speculative import Decoding
 from .rows import RowPass, dense_pass, selections
 from .table import FORMAT, ReplayTable, fingerprint, layout_dict
 

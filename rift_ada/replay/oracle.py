@@ -25,7 +25,7 @@ from .table import ReplayTable
 
 
 @dataclass
-class OraclePolicy:
+class OracleSchedule:
     """The oracle's decisions: ``refresh[g, pending - 1, row]`` at every state, and the expected cost from the
     start."""
 
@@ -35,8 +35,10 @@ class OraclePolicy:
     value: np.ndarray | None = None  # (N + 1, 2, rows): the expected cost to go from each state (0 once done)
     gain: np.ndarray | None = None  # (N + 1, 2, rows): cost of keeping minus cost of refreshing (> 0: refresh)
 
-    def decide(self, replay: Replay) -> bool:
-        return bool(self.refresh[replay.g, min(replay.pending, 2) - 1, replay.row])
+    def refreshes(self, replay: Replay) -> bool:
+        """Whether the oracle refreshes at ``replay``'s state (a schedule over replay states, not a
+        ``Controller``: it sees the table's state, not the signals)."""
+        return self.at(replay.g, replay.pending, replay.row)
 
     def at(self, g: int, pending: int, row: int) -> bool:
         return bool(self.refresh[g, min(pending, 2) - 1, row])
@@ -47,7 +49,7 @@ class OraclePolicy:
 
 
 def solve(table: ReplayTable, draft_length: int = 11, refresh_price: float = 4.0, round_cost: float = 1.0,
-          draft_cost: float = 0.0) -> OraclePolicy:
+          draft_cost: float = 0.0) -> OracleSchedule:
     """The expected-cost-optimal refresh policy over ``table`` (module docstring)."""
     if refresh_price < 0 or round_cost < 0 or draft_cost < 0:
         raise ValueError("the oracle's costs must be >= 0")
@@ -74,16 +76,16 @@ def solve(table: ReplayTable, draft_length: int = 11, refresh_price: float = 4.0
             refresh[g, p - 1] = go < keep
             gain[g, p - 1] = keep - go
             V[g, p - 1] = np.minimum(keep, go)
-    return OraclePolicy(refresh, float(V[1, 0, 0]), refresh_price, V[:N + 1], gain)
+    return OracleSchedule(refresh, float(V[1, 0, 0]), refresh_price, V[:N + 1], gain)
 
 
-def oracle_rounds(table: ReplayTable, policy: OraclePolicy, draft_length: int = 11, episodes: int = 1,
+def oracle_rounds(table: ReplayTable, policy: OracleSchedule, draft_length: int = 11, episodes: int = 1,
                   seed: int = 0) -> list[Replay]:
     """``episodes`` replays of the oracle's policy (one suffices greedy): its acceptance length and refreshes."""
     from .process import replay
 
     rng = np.random.default_rng(seed)
-    return [replay(table, policy.decide, draft_length, rng) for _ in range(1 if table.temperature == 0 else episodes)]
+    return [replay(table, policy.refreshes, draft_length, rng) for _ in range(1 if table.temperature == 0 else episodes)]
 
 
 def oracle_counts(tables, draft_length: int = 11, refresh_price: float = 4.0, episodes: int = 8,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..signals import FRESH, HISTORY, DecoderState
+from ..signals import FRESH, HISTORY, DecoderState, since_refresh_after
 from .table import ReplayTable
 
 
@@ -82,7 +82,7 @@ class Replay:
         emitted = min(n + 1, self.N - g)
         rec = ReplayRound(g, n, emitted, k, refresh, self.row)
         self.rounds.append(rec)
-        self.since = (0 if refresh else self.since) + emitted
+        self.since = since_refresh_after(self.since, refresh, emitted)
         if refresh:
             self.fresh = []
         if len(self.fresh) < FRESH:

@@ -28,9 +28,9 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from ..cache import RiftCache
 from ..layout import CacheLayout
+from ..rounds import entropy, sampling_probs
 from ..selection import observation_window, select_importance
 from ..signals import RUNWAY_CAP
-from ..speculative import entropy, sampling_probs
 from ..static import _inner, check_static
 
 

@@ -56,24 +56,13 @@ class ReplayTable:
         return int(self.prompt.shape[0])
 
     @property
-    def grid(self) -> int:
-        return int(self.header["grid"])
-
-    @property
     def rows(self) -> int:
         return int(self.q.shape[0])
 
-    @property
-    def temperature(self) -> float:
-        return float(self.header["temperature"])
-
-    @property
-    def max_new_tokens(self) -> int:
-        return int(self.header["max_new_tokens"])
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.header["vocab_size"])
+    grid = property(lambda self: int(self.header["grid"]))
+    temperature = property(lambda self: float(self.header["temperature"]))
+    max_new_tokens = property(lambda self: int(self.header["max_new_tokens"]))
+    vocab_size = property(lambda self: int(self.header["vocab_size"]))
 
     def row_of(self, length: int) -> int:
         """The row a refresh at history ``length`` (absolute) uses: the last grid point at or before it."""

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from rift_ada.trainers.resume import atomic_write
+from rift_ada.resume import atomic_write
 
 COLUMNS = ["family", "knob", "acceptance_length", "al_std", "al_vs_full", "refreshes_per_1k", "refreshes_per_1k_std",
            "refreshes", "refresh_savings", "oracle_share", "al_gain"]
@@ -139,3 +139,37 @@ def print_summary(t: Tradeoff, args, exported: dict, session_s: float) -> None:
     for fam, e in exported.items():
         print(f"exported {fam} (knob {e['knob']}) -> {e['file']}")
     print(f"this session {session_s:.0f} s")
+
+
+def finish(out: Path, state, run, args, points, results, replayed, learned: list, timings: dict, data: dict, costs,
+           t_start: float) -> None:
+    """Matched comparisons against periodic refresh (the real decoder's; and every point in replay on the held-out
+    tables), one exported controller per ``learned`` kind (its best point), and the report."""
+    import time
+
+    from rift_ada.resume import write_json
+    from rift_ada.sweep import modelled_speed, tradeoff_row
+    from rift_ada.tradeoff import matched_comparison
+
+    full = results[0]["acceptance_length"]  # the full cache's point comes first
+    # Modelled tokens/s: a function of the stored counts and the cost model (the full cache's point is left out: its
+    # draft steps run on the whole prompt, not on the measured compressed cache).
+    t = Tradeoff(full, [tradeoff_row(p, r, full) for p, r in zip(points[1:], results[1:])],
+                 [modelled_speed(r, costs) for r in results[1:]], {})
+    t.summary = matched_comparison(t.rows)  # adds refresh_savings / al_gain to the compared rows
+    t.replay = [tradeoff_row(p, r, full) for p, r in zip(points[1:], replayed[1:])]
+    t.replay_summary = matched_comparison(t.replay)
+    exported = {}
+    for family in learned:
+        best = best_of(t, family)
+        ctrl = next(p.controller for p in points if p.family == family and p.knob == best["knob"])
+        path = out / f"controller-{family}{ctrl.suffix}"
+        ctrl.save(path)
+        exported[family] = {"file": str(path), "knob": best["knob"]}
+    timings["session_s"] = time.time() - t_start  # this session's wall time
+    extra = {"timings": timings, "exported": exported, "data": data}
+    log_to_wandb(run, out, t, write_outputs(out, t, args, extra, costs), costs)
+    run.summary.update({"session_seconds": timings["session_s"]})
+    run.finish()
+    write_json(state.path("done.json"), {"tradeoff": str(out / "tradeoff.csv")})
+    print_summary(t, args, exported, timings["session_s"])

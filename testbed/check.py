@@ -7,15 +7,8 @@ import random
 import torch
 from tqdm.auto import tqdm
 
-from ..data.tasks import FILE_HEADER, Task, encode
-from ..models import check_vocab, greedy_reference
-
-
-def check_fits(model, n_tokens: int, what: str = "prompt + generation") -> None:
-    limit = getattr(model.config, "max_position_embeddings", None)
-    if limit is not None and n_tokens > limit:
-        raise ValueError(f"{what} needs {n_tokens} positions but the model's context is {limit} tokens; "
-                         "use shorter prompts or fewer new tokens")
+from rift_ada.data.tasks import FILE_HEADER, Task, encode
+from rift_ada.models import check_fits, check_vocab, greedy_reference
 
 
 def copy_accuracy(generated: list[int], reference: list[int], n: int) -> float:

@@ -88,28 +88,3 @@ def run_units(state, units: list[tuple[str, object, tuple]], context: Context, s
                 bar.update()
     bar.close()
     return [state.load(name) for name, _, _ in units]
-
-
-class MemoryState:
-    """What :func:`run_units` needs of a job's state (``rift_ada.trainers.resume.RunState``), kept in memory: for
-    scripts that do not resume."""
-
-    def __init__(self):
-        self.units = {}
-
-    def has(self, name: str) -> bool:
-        return name in self.units
-
-    def load(self, name: str) -> dict | None:
-        return self.units.get(name)
-
-    def store(self, name: str, result: dict, seconds: float) -> dict:
-        self.units[name] = {**result, "seconds": seconds}
-        return self.units[name]
-
-    def unit(self, name: str, compute) -> dict:
-        if name not in self.units:
-            t0 = time.time()
-            result = compute()
-            self.store(name, result, time.time() - t0)
-        return self.units[name]

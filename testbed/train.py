@@ -20,8 +20,11 @@ every few minutes; resuming from it reproduces an uninterrupted run bit for bit 
 from __future__ import annotations
 
 import json
+import pickle
 import random
+import re
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -29,8 +32,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..data.corpus import SourceFile
-from ..data.tasks import FILE_HEADER, TaskBuilder
+from rift_ada.data.corpus import SourceFile
+from rift_ada.data.tasks import FILE_HEADER, TaskBuilder
 from .check import code_scores
 
 IGNORE = -100
@@ -241,7 +244,7 @@ class Trainer:
         done = [k for k in range(len(self.stages)) if (self._stage_dir(k) / "done.json").is_file()]
         last_done = max(done) if done else -1
         if ckpt_path.is_file():
-            ckpt = torch.load(ckpt_path, weights_only=False, map_location="cpu")  # our own file, with RNG states
+            ckpt = read_checkpoint(ckpt_path)
             if ckpt["stage"] > last_done:
                 for n, m in self.models.items():
                     m.load_state_dict(ckpt["models"][n])
@@ -349,6 +352,29 @@ class Trainer:
         (self.work_dir / "checkpoint.pt").unlink(missing_ok=True)
 
 
+CHECKPOINT_KEYS = ("stage", "step", "models", "optimizers", "rng", "nrng", "running")
+
+
+def read_checkpoint(path: Path) -> dict:
+    """A mid-stage checkpoint, read with ``torch.load(weights_only=True)``: it holds tensors and plain values only
+    (the RNG states are tuples of ints and a dict), so a file planted in the work dir cannot run code. ValueError (one
+    line) for a file that needs more, or is damaged."""
+    try:
+        with warnings.catch_warnings():  # e.g. torch's multi-line note on a pickle protocol it did not write
+            warnings.simplefilter("ignore")
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"GLOBAL (\S+)", str(e))
+        raise ValueError(f"{path}: refused: not a testbed checkpoint (it asks to import "
+                         f"{found.group(1) if found else 'objects'}, which a safe load does not allow)") from None
+    except Exception as e:  # a truncated or corrupt archive: RuntimeError, EOFError, ... from torch's reader
+        raise ValueError(f"{path}: unreadable checkpoint ({type(e).__name__}); delete it to resume from the last "
+                         "finished stage") from None
+    if not isinstance(ckpt, dict) or set(CHECKPOINT_KEYS) - set(ckpt):
+        raise ValueError(f"{path}: not a testbed checkpoint (expected a dict with {', '.join(CHECKPOINT_KEYS)})")
+    return ckpt
+
+
 def recipe_dict(stages: list[Stage]) -> list[dict]:
     return [{**asdict(s), "tokens": s.tokens} for s in stages]
 
@@ -357,4 +383,4 @@ def total_tokens(stages: list[Stage]) -> int:
     return sum(s.tokens for s in stages)
 
 
-__all__ = ["KINDS", "ModelShape", "SampleSource", "Stage", "Trainer", "recipe_dict", "total_tokens"]
+__all__ = ["KINDS", "ModelShape", "SampleSource", "Stage", "Trainer", "read_checkpoint", "recipe_dict", "total_tokens"]

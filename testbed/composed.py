@@ -9,9 +9,9 @@ standard library), and the SHA-256 of the composed weights. What is derived: the
 ``from_pretrained`` like any other checkpoint. The composed weights are never committed: they are ~90% zeros and
 several times the size of what they are built from.
 
-Names (``rift_ada.models.resolve``): ``testbed`` / ``testbed-target`` and ``testbed-draft`` give the composed pair;
-``testbed-lm`` / ``testbed-lm-target`` and ``testbed-lm-draft`` the trained pair alone, so a reader can see which
-results depend on the hand-set copier.
+Names (names.py, registered with ``rift_ada.models``): ``testbed`` / ``testbed-target`` and ``testbed-draft`` give the
+composed pair; ``testbed-lm`` / ``testbed-lm-target`` and ``testbed-lm-draft`` the trained pair alone, so a reader can
+see which results depend on the hand-set copier.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def write_settings(assets: Path, circuits: dict[str, CopyCircuit], calibration: 
     """``circuit.json`` for the trained models in ``assets`` (the composed checksums are added by
     :func:`pin_checksums` once the pair is composed)."""
     settings = {"about": "settings of the hand-set copier composed beside the trained models at load "
-                         "(rift_ada/testbed/composed.py); calibration: token ids of plain training-split code",
+                         "(rift_ada.testbed.composed); calibration: token ids of plain training-split code",
                 "seed": seed, "circuits": {role: asdict(c) for role, c in circuits.items()},
                 "calibration": calibration, "composed_sha256": {}}
     (Path(assets) / SETTINGS).write_text(json.dumps(settings, indent=1) + "\n")

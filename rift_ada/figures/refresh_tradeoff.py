@@ -49,15 +49,16 @@ def entropy_observations(b) -> np.ndarray:
 
 def controller_points(b, observed: np.ndarray) -> list[Point]:
     """The full cache, every swept kind at each knob value (each setting once), then every --controller."""
+    from rift_ada.cli import knob_values
     from rift_ada.refresh import parse_controller
 
     points = [sweep.full_point()]
-    for p in sweep.rule_points(b.args, observed):
+    for p in sweep.rule_points(knob_values(b.args), observed):
         if all((q.family, q.knob) != (p.family, p.knob) for q in points):
             points.append(p)
     for spec in b.args.controllers:
         ctrl = b.rift_ada_controller() if spec == b.args.controllers[0] else parse_controller(spec)
-        points.append(Point(getattr(ctrl, "name", "controller"), Path(spec).name, ctrl))
+        points.append(Point(ctrl.kind, Path(spec).name, ctrl))
     return points
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..cli import ArgumentParser, add_runtime_options, add_task_options, apply_runtime, fail, tasks_from_args
+from rift_ada.cli import ArgumentParser, add_runtime_options, add_task_options, apply_runtime, fail, tasks_from_args
 
 
 def main(argv=None) -> int:
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
 
     try:
         apply_runtime(args)
-        from ..models import load_model, load_tokenizer
+        from rift_ada.models import load_model, load_tokenizer
         from .check import run_check
 
         if args.json:
@@ -49,13 +49,13 @@ def main(argv=None) -> int:
         built = not (args.data or args.speedbench)
         n_family = args.prompts if args.family_prompts is None else args.family_prompts
         if built and n_family > 0:
-            from ..data.tasks import build_tasks
+            from rift_ada.data.tasks import build_tasks
 
             for family, key in (("high", "high_tasks"), ("sort", "sort_tasks")):
                 extra[key] = build_tasks(tok, family, n=n_family, input_tokens=args.input_tokens, seed=args.seed,
                                          source_dir=args.source_dir)
         if args.code_windows > 0:
-            from ..data.corpus import load_corpus
+            from rift_ada.data.corpus import load_corpus
             from .check import code_windows
 
             files = load_corpus(args.source_dir, "all" if args.source_dir else "eval")

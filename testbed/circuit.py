@@ -140,7 +140,7 @@ class SortLabels:
 
 def sort_labels(tokenizer) -> SortLabels:
     """The header and label tokens of ``rift_ada.data.tasks``'s sort prompts under ``tokenizer``."""
-    from ..data.tasks import LABELS, ORDER_LINE, PASSAGE_HEADER
+    from rift_ada.data.tasks import LABELS, ORDER_LINE, PASSAGE_HEADER
 
     heads = [tokenizer.encode(PASSAGE_HEADER.format(label=label), add_special_tokens=False) for label in LABELS]
     stem = 0  # tokens every header shares before its label

@@ -1,0 +1,89 @@
+"""A speculative round's arithmetic as pure functions: tensors and counts in, tensors and counts out.
+
+``SpeculativeDecoder.step`` (``rift_ada.speculative``) runs the models and keeps the caches; what it decides from
+their logits is here, in the shape of gpt-fast's ``generate.py``: the sampling distribution, drawing a token, the
+exact rejection rule, the draft-entropy signal, how many tokens a round drafts and emits. The replay tables
+(``rift_ada.replay``) compute their p and q with the same :func:`sampling_probs`; the counts the signals read (a
+round's acceptance, the tokens since the last refresh) are ``rift_ada.signals``'.
+
+Randomness comes only from the ``generator`` passed in, one uniform draw per call of :func:`sample` and one per
+examined draft in :func:`accept`, so a seed fixes every token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor | None:
+    """The sampling distribution over the last axis (temperature, then top-k, then top-p: transformers' order), or
+    None for greedy (temperature 0). The decoder's and the replay tables' one definition."""
+    if temperature == 0:
+        return None
+    p = torch.softmax(logits.float() / temperature, -1)
+    if 0 < top_k < p.shape[-1]:
+        kth = p.topk(top_k, -1).values[..., -1:]
+        p = p.masked_fill(p < kth, 0.0)  # ties with the k-th stay, as in transformers' TopKLogitsWarper
+        p = p / p.sum(-1, keepdim=True)
+    if top_p < 1:
+        sorted_p, idx = p.sort(-1, descending=True)
+        drop = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest prefix reaching top_p
+        p = p.scatter(-1, idx, sorted_p.masked_fill(drop, 0.0))
+        p = p / p.sum(-1, keepdim=True)
+    return p
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats (temperature 1) over the last axis: the draft-entropy signal's per-step value."""
+    logp = torch.log_softmax(logits.float(), -1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def sample(probs: torch.Tensor | None, logits: torch.Tensor, generator: torch.Generator) -> int:
+    """A token from ``probs`` (one uniform draw from ``generator``), or the argmax of ``logits`` when greedy."""
+    if probs is None:
+        return int(logits.argmax())
+    # Inverse CDF from one uniform draw: exact for a normalised distribution. torch.multinomial would normalise
+    # whatever weights it gets and so hide an unnormalised input (e.g. a residual never divided by its sum).
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand(1, generator=generator, device=probs.device, dtype=torch.float64)
+    i = int(torch.searchsorted(cdf, u, right=True))  # first cdf > u: never a zero-probability token
+    if i < cdf.shape[-1]:
+        return i
+    return int(probs.nonzero()[-1])  # u beyond cdf[-1] by rounding: the last token with any probability
+
+
+def accept(drafts: list[int], q_probs: list, t_logits: torch.Tensor, generator: torch.Generator,
+           temperature: float, top_k: int = 0, top_p: float = 1.0) -> tuple[int, int]:
+    """(accepted count, next token) of a round: ``drafts`` drawn from ``q_probs``, ``t_logits`` the target's
+    logits at the 1 + len(drafts) verified positions. Greedy: the longest prefix equal to the target's argmax.
+    Sampling (Leviathan et al.): accept x with probability min(1, p(x)/q(x)); at the first rejection resample from
+    norm(max(p - q, 0)); after every draft is accepted take a bonus token from p."""
+    if temperature == 0:
+        target_tokens = t_logits.argmax(-1).tolist()
+        n = 0
+        while n < len(drafts) and drafts[n] == target_tokens[n]:
+            n += 1
+        return n, target_tokens[n]
+    for i, (x, q) in enumerate(zip(drafts, q_probs)):
+        p = sampling_probs(t_logits[i], temperature, top_k, top_p)
+        u = torch.rand((), generator=generator, device=generator.device)
+        if u * q[x] <= p[x]:  # u < p/q without dividing by a tiny q
+            continue
+        residual = (p - q).clamp_min(0)
+        total = residual.sum()
+        return i, sample(residual / total if total > 0 else p, t_logits[i], generator)
+    bonus = t_logits[len(drafts)]
+    return len(drafts), sample(sampling_probs(bonus, temperature, top_k, top_p), bonus, generator)
+
+
+def draft_count(draft_length: int, generated: int, max_new_tokens: int) -> int:
+    """Draft tokens a round proposes: k, but never past max_new_tokens (the round emits one token more)."""
+    return min(draft_length, max_new_tokens - generated - 1)
+
+
+def cut_at_eos(tokens: list[int], eos_token_id: int | None) -> list[int]:
+    """``tokens`` up to and including the first ``eos_token_id`` (all of them without one)."""
+    if eos_token_id is not None and eos_token_id in tokens:
+        return tokens[:tokens.index(eos_token_id) + 1]
+    return tokens

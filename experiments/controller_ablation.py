@@ -100,7 +100,7 @@ def ablate(train, heldout, opts, args) -> dict:
     k, price = opts.get("draft_length", 11), opts.get("label_price", 4.0)
     sources = len(str(opts.get("train_sources", "x")).split(","))
     source = [i % sources for i in range(len(train))]  # the main job interleaves its prompts by code base
-    policies = [solve(t, k, price) for t in train]
+    schedules = [solve(t, k, price) for t in train]
     baseline = {name: [{"family": "periodic", "knob": n, **replay_counts(tabs, PeriodicController(n), k, args.episodes)}
                        for n in args.periods] + [{"family": "never", "knob": "-",
                                                   **replay_counts(tabs, None, k, args.episodes)}]
@@ -118,7 +118,7 @@ def ablate(train, heldout, opts, args) -> dict:
 
         return imitate([train[i] for i in idx], fit, k, price, opts.get("dagger_rounds", 2),
                        opts.get("label_episodes", 4), tuple(opts.get("behaviour_periods", (16, 192))),
-                       seed=opts.get("seed", 0), policies=[policies[i] for i in idx]).controller
+                       seed=opts.get("seed", 0), schedules=[schedules[i] for i in idx]).controller
 
     def summarize(name, tree_rows):
         rows = baseline[name] + tree_rows

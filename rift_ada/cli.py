@@ -99,7 +99,7 @@ def add_cache_options(parser: argparse.ArgumentParser, policy: str | None = "rif
                       budget_help: str = "active draft KV budget in tokens (default: %(default)s)",
                       refresh_grid: int = 1) -> None:
     """The draft cache: ``--policy`` (omit with ``policy=None``: scripts that sweep policies), the layout's knobs and
-    ``--period`` / ``--controller``. :func:`policy_from_args` turns them into a :class:`~rift_ada.policies.Policy`."""
+    ``--period`` / ``--controller``. :func:`policy_from_args` turns them into a :class:`~rift_ada.policies.CachePolicy`."""
     from .policies import POLICIES
     from .scorers import SCORERS
 
@@ -127,7 +127,7 @@ def add_cache_options(parser: argparse.ArgumentParser, policy: str | None = "rif
 
 
 def policy_from_args(args, name: str | None = None, **overrides):
-    """The :class:`~rift_ada.policies.Policy` the cache options describe (``name``/``overrides`` for sweeps)."""
+    """The :class:`~rift_ada.policies.CachePolicy` the cache options describe (``name``/``overrides`` for sweeps)."""
     from .policies import make_policy
 
     opts = dict(budget=args.budget, window_fraction=args.window_fraction, window=args.window, sinks=args.sinks,

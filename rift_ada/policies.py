@@ -1,4 +1,5 @@
-"""Named policies, the ``--policy`` spelling of the command-line tools: a cache layout plus a refresh controller.
+"""Named cache policies, the ``--policy`` spelling of the command-line tools: a cache layout plus a refresh controller
+(a ``CachePolicy``; not the policy network of reinforcement learning, which the trainers call ``model.policy``).
 
 | policy      | layout (``rift_ada.layout``)        | refresh controller (``rift_ada.refresh``)                  |
 |-------------|-------------------------------------|------------------------------------------------------------|
@@ -23,7 +24,7 @@ POLICIES = ("full", "window", "snapkv", "rift-stat", "rift-dyn", "rift-ada")
 
 
 @dataclass(frozen=True)
-class Policy:
+class CachePolicy:
     name: str
     layout: CacheLayout
     controller: Controller | None  # None: never refresh
@@ -32,7 +33,7 @@ class Policy:
 def make_policy(name: str, budget: int | None = None, *, period: int | None = None,
                 controller: Controller | str | None = None, window_fraction: float = 0.5, window: int | None = None,
                 sinks: int = 4, scorer: str = "snapkv", obs_window: int = 32, lookahead: int = 64,
-                scorer_options=(), refresh_grid: int = 1) -> Policy:
+                scorer_options=(), refresh_grid: int = 1) -> CachePolicy:
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
     if period is not None and name != "rift-dyn":
@@ -55,4 +56,4 @@ def make_policy(name: str, budget: int | None = None, *, period: int | None = No
                              "or .pt), periodic:N, entropy:X or never")
         if isinstance(controller, str):
             controller = parse_controller(controller)
-    return Policy(name, layout, controller)
+    return CachePolicy(name, layout, controller)

@@ -90,8 +90,8 @@ def labelled_states():
     dec = env.decoder
     layout = replace(dec.layout, refresh_grid=4)
     tables = [build_table(dec.target, dec.draft, p, layout, Decoding(), 64) for p in env.prompts[:2]]
-    policies = [solve(t, 11, 0.5) for t in tables]
-    return label_states(tables, policies, 11, lambda g: RandomPeriods((8, 32), g), 2, np.random.default_rng(0))
+    schedules = [solve(t, 11, 0.5) for t in tables]
+    return label_states(tables, schedules, 11, lambda g: RandomPeriods((8, 32), g), 2, np.random.default_rng(0))
 
 
 def test_logistic_export_parity(labelled_states, tmp_path):

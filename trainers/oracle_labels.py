@@ -68,13 +68,13 @@ class Explore:
         return not act if self.rng.random() < self.eps else act
 
 
-def label_states(tables: Sequence[ReplayTable], policies: Sequence[OracleSchedule], draft_length: int,
+def label_states(tables: Sequence[ReplayTable], schedules: Sequence[OracleSchedule], draft_length: int,
                  behaviour: Callable[[np.random.Generator], Callable], episodes: int,
                  rng: np.random.Generator) -> LabelledStates:
     """``episodes`` replays of each table under ``behaviour(rng)`` (a new one per episode), every state labelled with
     the table's oracle decision."""
     X, y, which, weight = [], [], [], []
-    for i, (table, policy) in enumerate(zip(tables, policies)):
+    for i, (table, schedule) in enumerate(zip(tables, schedules)):
         for _ in range(episodes):
             act = behaviour(rng)
             r = Replay(table, draft_length)
@@ -82,8 +82,8 @@ def label_states(tables: Sequence[ReplayTable], policies: Sequence[OracleSchedul
             while not r.done:
                 obs = signals.observe(r.state)
                 X.append(obs)
-                y.append(policy.refreshes(r))
-                weight.append(abs(policy.gain[r.g, min(r.pending, 2) - 1, r.row]))
+                y.append(schedule.refreshes(r))
+                weight.append(abs(schedule.gain[r.g, min(r.pending, 2) - 1, r.row]))
                 which.append(i)
                 r.step(act(r, obs))
     if not X:
@@ -99,12 +99,12 @@ class ImitationResult:
     history: list = field(default_factory=list)  # per round: states, positive rate, training accuracy
 
 
-def demonstrations(tables: Sequence[ReplayTable], policies: Sequence[OracleSchedule], draft_length: int,
+def demonstrations(tables: Sequence[ReplayTable], schedules: Sequence[OracleSchedule], draft_length: int,
                    period_range: tuple[int, int] = (16, 192), episodes: int = 4, seed: int = 0):
-    """(X, y, weights) for behaviour cloning (``rift_ada.trainers.ppo.clone``): the ``policies``' decisions (e.g. the
+    """(X, y, weights) for behaviour cloning (``rift_ada.trainers.ppo.clone``): the ``schedules``' decisions (e.g. the
     oracles whose cost is an env's reward: ``ReplayEnv(shaping=True).oracles``) at the states of random periodic
     schedules. Deterministic given ``seed``."""
-    data = label_states(tables, policies, draft_length, lambda g: RandomPeriods(tuple(period_range), g), episodes,
+    data = label_states(tables, schedules, draft_length, lambda g: RandomPeriods(tuple(period_range), g), episodes,
                         np.random.default_rng(seed))
     return data.X, data.y, data.weight
 
@@ -121,7 +121,7 @@ def reward_demonstrations(tables: Sequence[ReplayTable], env: dict, period_range
 
 def imitate(tables: Sequence[ReplayTable], fit: Callable[..., object], draft_length: int = 11,
             refresh_price: float = 4.0, rounds: int = 2, episodes: int = 4, period_range: tuple[int, int] = (16, 192),
-            eps: float = 0.1, seed: int = 0, policies: Sequence[OracleSchedule] | None = None,
+            eps: float = 0.1, seed: int = 0, schedules: Sequence[OracleSchedule] | None = None,
             weighted: bool = True) -> ImitationResult:
     """Fit a controller (``fit(X, y, sample_weight) -> controller``) to the oracle's decisions at ``refresh_price``:
     first on states of random periodic schedules, then ``rounds - 1`` times more on those states plus the ones the
@@ -130,13 +130,13 @@ def imitate(tables: Sequence[ReplayTable], fit: Callable[..., object], draft_len
     both cost the same teaches nothing, one where a wrong decision costs three rounds teaches much.
     Deterministic given ``seed``."""
     rng = np.random.default_rng(seed)
-    if policies is None:
-        policies = [solve(t, draft_length, refresh_price) for t in tables]
-    data = label_states(tables, policies, draft_length, lambda g: RandomPeriods(period_range, g), episodes, rng)
+    if schedules is None:
+        schedules = [solve(t, draft_length, refresh_price) for t in tables]
+    data = label_states(tables, schedules, draft_length, lambda g: RandomPeriods(period_range, g), episodes, rng)
     history, ctrl = [], None
     for i in range(rounds):
         if i:
-            data = data + label_states(tables, policies, draft_length, lambda g: Explore(ctrl, eps, g), episodes, rng)
+            data = data + label_states(tables, schedules, draft_length, lambda g: Explore(ctrl, eps, g), episodes, rng)
         if len(np.unique(data.y)) < 2:
             raise ValueError(f"the oracle's decisions at price {refresh_price:g} hold a single class on these tables "
                              "(it always or never refreshes): change the refresh price")

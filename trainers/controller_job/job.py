@@ -28,7 +28,7 @@ class Job:
     tables: list  # the training tables (rift_ada.replay.ReplayTable)
     costs: object  # rift_ada.costs.CostModel
     states: np.ndarray | None = None  # the first imitating kind's labelled states: the levels quantile knobs take
-    _policies: list | None = field(default=None, repr=False)
+    _schedules: list | None = field(default=None, repr=False)
 
     def option(self, cls, name: str):
         """A kind's training option ``--KIND-NAME`` (``Controller.options``)."""
@@ -41,12 +41,12 @@ class Job:
         return list(getattr(self.args, cls.knob.name))
 
     def oracle(self) -> list:
-        """The oracle's policies over the training tables at --label-price (solved once, shared by the kinds)."""
+        """The oracle's schedules over the training tables at --label-price (solved once, shared by the kinds)."""
         from rift_ada.replay.oracle import solve
 
-        if self._policies is None:
-            self._policies = [solve(t, self.args.draft_length, self.args.label_price) for t in self.tables]
-        return self._policies
+        if self._schedules is None:
+            self._schedules = [solve(t, self.args.draft_length, self.args.label_price) for t in self.tables]
+        return self._schedules
 
     def imitate(self, cls, fit: Callable, keep_states: bool = False):
         """``cls`` fitted by ``fit(X, y, weight)`` to the oracle's decisions (DAgger rounds on the training tables,
@@ -60,7 +60,7 @@ class Job:
 
         def compute():
             res = imitate(self.tables, fit, a.draft_length, a.label_price, a.dagger_rounds, a.label_episodes,
-                          tuple(a.behaviour_periods), seed=a.seed, policies=self.oracle())
+                          tuple(a.behaviour_periods), seed=a.seed, schedules=self.oracle())
             for h in res.history:
                 self.run.log({f"{cls.kind}/dagger/{k}": v for k, v in h.items()})
             ctrl = res.controller
@@ -68,7 +68,8 @@ class Job:
             self.run.log({f"{cls.kind}/train_accuracy": acc, f"{cls.kind}/states": len(res.data.y)})
             atomic_write(path, ctrl.save)  # before the unit's JSON
             data = {"X": res.data.X.tolist()} if keep_states else {}
-            return {"history": res.history, "train_accuracy": acc, **data}
+            rules = {"rules": ctrl.describe()} if hasattr(ctrl, "describe") else {}  # a tree's, readable
+            return {"history": res.history, "train_accuracy": acc, **rules, **data}
 
         unit = self.state.unit(cls.kind, compute)
         if "X" in unit and self.states is None:

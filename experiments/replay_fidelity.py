@@ -70,19 +70,18 @@ def real_rounds(decoder, ids, max_new, controller, policy, grid) -> list[tuple[i
     from rift_ada.refresh.base import refresh_wanted
 
     decoder.reset(ids, max_new)
-    row, out, P = 0, [], len(ids)
-    while not decoder.done:
+    row, P = 0, len(ids)
+
+    def decide(state) -> bool:
+        nonlocal row
         g = len(decoder.result.tokens)
         pending = P + g - decoder.dcache.length
-        if policy is not None:
-            refresh = policy.at(g, pending, row)
-        else:
-            refresh = refresh_wanted(controller, decoder.state)
+        refresh = policy.at(g, pending, row) if policy is not None else refresh_wanted(controller, state)
         if refresh:
             row = (g - pending) // grid
-        rec = decoder.step(refresh)
-        out.append((rec.position, rec.accepted, bool(rec.refreshed)))
-    return out
+        return refresh
+
+    return [(rec.position, rec.accepted, bool(rec.refreshed)) for rec in decoder.rounds(decide)]
 
 
 def replayed(table, k, controller, policy, episodes, seed) -> list[list[tuple[int, int, bool]]]:

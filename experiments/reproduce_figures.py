@@ -214,7 +214,8 @@ def trained_draft(args, out: Path, b: EvaluationCache) -> str:
     adapter, error = args.adapter, None
     if adapter is None and distributed.is_main():
         try:
-            adapter = str(train_adapter(args, out / "compressibility"))
+            trainer = Path(__file__).with_name("train_compressibility.py")
+            adapter = str(train_adapter(args, out / "compressibility", trainer))
         except (ValueError, FileNotFoundError, RuntimeError) as e:
             error = str(e)
     if args.adapter is None:  # every process meets here (a collective): rank 0 says how training went

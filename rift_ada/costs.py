@@ -74,9 +74,7 @@ def measure_costs(decoder: SpeculativeDecoder, prompt: Sequence[int], max_new_to
     if refresh_every < 1:
         raise ValueError(f"refresh_every must be >= 1, got {refresh_every}")
     decoder.reset(list(prompt), max_new_tokens)
-    rounds: list[RoundRecord] = []
-    while not decoder.done:
-        rounds.append(decoder.step(len(rounds) % refresh_every == 0))
+    rounds = list(decoder.rounds(lambda state: state.rounds % refresh_every == 0))
     drafted = [r for r in rounds if r.draft_length > 0]
     refreshed = [r for r in rounds if r.refreshed]
     if len(drafted) < min_rounds or not refreshed:

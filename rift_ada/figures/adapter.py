@@ -1,4 +1,5 @@
-"""The compressibility-trained draft of figures 2 and 5 when no --adapter is given: experiments/train_compressibility.py
+"""The compressibility-trained draft of figures 2 and 5 when no --adapter is given: the training script
+(experiments/train_compressibility.py, whose path the caller gives: scripts are not part of the installed package)
 run as a subprocess with this run's settings."""
 
 from __future__ import annotations
@@ -9,13 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "train_compressibility.py"
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
                 "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
 
 
-def train_adapter(args, folder: Path) -> Path:
-    """A small compressibility-trained LoRA adapter: experiments/train_compressibility.py in a subprocess (a single
+def train_adapter(args, folder: Path, script: Path) -> Path:
+    """A small compressibility-trained LoRA adapter: ``script`` (train_compressibility.py) in a subprocess (a single
     process whatever torchrun started; its W&B logging off), its stdout in ``folder/train_compressibility.log``."""
     shutil.rmtree(folder, ignore_errors=True)  # always a fresh training with this run's settings
     folder.mkdir(parents=True)
@@ -33,8 +33,7 @@ def train_adapter(args, folder: Path) -> Path:
         argv += ["--device-map", args.device_map]
     env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV and not k.startswith("TORCHELASTIC")}
     with open(folder / "train_compressibility.log", "w") as log:
-        code = subprocess.run([sys.executable, str(SCRIPT), *argv], stdout=log,
-                              env=env).returncode
+        code = subprocess.run([sys.executable, str(script), *argv], stdout=log, env=env).returncode
     if code != 0:
         raise RuntimeError(f"compressibility training failed (exit {code}; its error is above, its output in "
                            f"{folder / 'train_compressibility.log'}); or pass --adapter DIR")

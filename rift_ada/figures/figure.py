@@ -38,7 +38,7 @@ def controller_label(ctrl) -> str:
     rules = getattr(ctrl, "rules", None)
     if rules:
         return "threshold " + ", ".join(f"{s} {op} {v:g}" for s, op, v in rules)
-    return getattr(ctrl, "name", type(ctrl).__name__) + (f" {ctrl.period}" if hasattr(ctrl, "period") else "")
+    return ctrl.kind + (f" {ctrl.period}" if hasattr(ctrl, "period") else "")
 
 
 def publish(fig: Figure, out: Path, run) -> None:

@@ -255,15 +255,20 @@ class SpeculativeDecoder:
             yield self.step(decide is not None and bool(decide(self.state)))
 
     @torch.inference_mode()
-    def step(self, refresh: bool = False) -> RoundRecord:
-        """One round: [refresh] -> draft k -> verify -> accept -> roll back -> record."""
+    def step(self, refresh: bool = False, draft_length: int | None = None) -> RoundRecord:
+        """One round: [refresh] -> draft k -> verify -> accept -> roll back -> record. ``draft_length``: this round's
+        k, 0 to the decoder's ``draft_length`` (None: that); 0 is one plain target step (the draft catches up on the
+        emitted tokens the next time it drafts)."""
         if self.done:
             raise RuntimeError("generation is finished: call reset() with a new prompt")
+        if draft_length is not None and not (isinstance(draft_length, int) and 0 <= draft_length <= self.k):
+            raise ValueError(f"a round's draft_length must be an integer in [0, {self.k}] (the decoder's "
+                             f"draft_length), got {draft_length!r}")
         before, clock = self.state, _Clock(self._sync)
         if refresh:
             self.dcache.refresh()
         clock.lap("refresh")
-        k = draft_count(self.k, before.generated, self.max_new_tokens)
+        k = draft_count(self.k if draft_length is None else draft_length, before.generated, self.max_new_tokens)
         drafts, q_probs, entropies = self._draft(k)
         active = self.dcache.active_bytes_by_kind()
         clock.lap("draft")

@@ -87,6 +87,21 @@ def test_greedy_equals_target_generate(pair, name):
             assert [r.target_replayed for r in res.rounds] == [r.accepted < r.draft_length for r in res.rounds]
 
 
+@pytest.mark.parametrize("pair", PAIRS, ids="<-".join)
+def test_greedy_is_lossless_at_every_round_length(pair):
+    """Rounds of any k in 0..k (0: one target step): hybrid targets replay, hybrid drafts restore their states and
+    catch up on the tokens they did not draft, and the output stays the target's."""
+    from tests.test_speculative import decode_with_round_lengths
+
+    key, drafter = pair
+    prompt, reference = prompt_and_reference(key)
+    draft = None if drafter == "self" else model(drafter, layers=2, seed=1)
+    pol = policy("rift-dyn")
+    tokens, lengths = decode_with_round_lengths(SpeculativeDecoder(model(key), draft, pol.layout, draft_length=5),
+                                                prompt, NEW, 5)
+    assert tokens == reference and 0 in lengths, lengths
+
+
 @pytest.mark.parametrize("scorer", ["tova", "keynorm", "streaming", "random"])
 @pytest.mark.parametrize("key", HYBRIDS)
 def test_greedy_every_scorer(key, scorer):

@@ -80,6 +80,39 @@ def test_greedy_equals_target_generate_random_models(arch, name):
             assert res.tokens == reference, (d is None, k)
 
 
+def decode_with_round_lengths(dec, prompt, new_tokens, k_max, seed=0, refresh_every=3) -> tuple[list, list]:
+    """Greedy decode where every round drafts a random k in 0..k_max (0: a plain target step) and every
+    ``refresh_every``-th round refreshes: (tokens, the round lengths used)."""
+    rng = np.random.default_rng(seed)
+    dec.reset(prompt, new_tokens)
+    lengths = []
+    while not dec.done:
+        lengths.append(int(rng.integers(0, k_max + 1)))
+        dec.step(refresh=len(lengths) % refresh_every == 0 and dec.layout.refreshable, draft_length=lengths[-1])
+    return dec.result.tokens, lengths
+
+
+@pytest.mark.parametrize("step", ["model", "static"])
+@pytest.mark.parametrize("name", ["full", "rift-stat", "rift-dyn"])
+def test_greedy_is_lossless_at_every_round_length(name, step):
+    """A round may draft any k up to the decoder's (the joint controller's action): greedy output stays the
+    target's, k = 0 rounds (one target step, the draft catching up later) included."""
+    target = random_model("llama", seed=0)
+    draft = random_model("llama", layers=1, seed=1)
+    prompt = torch.randint(0, 128, (150,), generator=torch.Generator().manual_seed(0)).tolist()
+    reference = greedy_reference(target, prompt, 48)
+    pol = policy(name, budget=64)
+    for d in (None, draft):
+        dec = SpeculativeDecoder(target, d, pol.layout, draft_length=6, draft_step=step, verify_step=step)
+        tokens, lengths = decode_with_round_lengths(dec, prompt, 48, 6)
+        assert tokens == reference and 0 in lengths and 6 in lengths, (d is None, lengths)
+        assert [r.draft_length for r in dec.result.rounds] == [min(k, 48 - r.position - 1)
+                                                               for k, r in zip(lengths, dec.result.rounds)]
+    with pytest.raises(ValueError, match=r"draft_length must be an integer in \[0, 6\]"):
+        dec.reset(prompt, 8)
+        dec.step(draft_length=7)
+
+
 def scripted_run():
     """A random Llama target and its scripted copy (tests/conftest.py) whose rounds accept SCRIPT, then all k; a
     rift-dyn draft cache (budget 64 against a 150-token prompt) refreshed before every other round."""

@@ -67,13 +67,17 @@ class Replay:
         """The draft cache's history length now (every token but the pending ones)."""
         return self.P + self.g - self.pending
 
-    def step(self, refresh: bool) -> ReplayRound:
+    def step(self, refresh: bool, draft_length: int | None = None) -> ReplayRound:
+        """A round, as ``SpeculativeDecoder.step(refresh, draft_length)``: ``draft_length`` this round's k in
+        0 .. the replay's (None: that; 0: one plain target step)."""
         if self.done:
             raise RuntimeError("the replayed generation is finished: call reset()")
+        if draft_length is not None and not (isinstance(draft_length, int) and 0 <= draft_length <= self.k):
+            raise ValueError(f"a round's draft_length must be an integer in [0, {self.k}], got {draft_length!r}")
         g, refresh = self.g, bool(refresh)
         if refresh:
             self.row = (g - self.pending) // self.G
-        k = min(self.k, self.max_new - g - 1)
+        k = min(self.k if draft_length is None else draft_length, self.max_new - g - 1)
         a = self.acc[self.row, g:g + k]
         ok = a >= 1.0 if self.greedy else self.rng.random(k) < a
         n = int(np.argmin(ok)) if not ok.all() else k

@@ -7,6 +7,10 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
+# torch.compile's C++ backend imports setuptools, whose distutils shim asserts (and fails the compile) when the
+# standard library's distutils was imported earlier in the same process: in a long-lived xdist worker that depends on
+# which test files ran there before (seen once in 3 suite runs). The standard library's distutils serves inductor.
+os.environ.setdefault("SETUPTOOLS_USE_DISTUTILS", "stdlib")
 torch.set_num_threads(1)  # tiny models: threads only add overhead
 
 

@@ -20,11 +20,9 @@ every few minutes; resuming from it reproduces an uninterrupted run bit for bit 
 from __future__ import annotations
 
 import json
-import pickle
 import random
 import re
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -33,6 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rift_ada.data.corpus import SourceFile
+from rift_ada.files import read_torch
 from rift_ada.data.tasks import FILE_HEADER, TaskBuilder
 from .check import code_scores
 
@@ -356,20 +355,13 @@ CHECKPOINT_KEYS = ("stage", "step", "models", "optimizers", "rng", "nrng", "runn
 
 
 def read_checkpoint(path: Path) -> dict:
-    """A mid-stage checkpoint, read with ``torch.load(weights_only=True)``: it holds tensors and plain values only
-    (the RNG states are tuples of ints and a dict), so a file planted in the work dir cannot run code. ValueError (one
-    line) for a file that needs more, or is damaged."""
+    """A mid-stage checkpoint: tensors and plain values only (the RNG states are tuples of ints and a dict), read with
+    :func:`rift_ada.files.read_torch`, so a file planted in the work dir cannot run code. ValueError (one line) for a
+    file that needs more, or is damaged."""
     try:
-        with warnings.catch_warnings():  # e.g. torch's multi-line note on a pickle protocol it did not write
-            warnings.simplefilter("ignore")
-            ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        found = re.search(r"GLOBAL (\S+)", str(e))
-        raise ValueError(f"{path}: refused: not a testbed checkpoint (it asks to import "
-                         f"{found.group(1) if found else 'objects'}, which a safe load does not allow)") from None
-    except Exception as e:  # a truncated or corrupt archive: RuntimeError, EOFError, ... from torch's reader
-        raise ValueError(f"{path}: unreadable checkpoint ({type(e).__name__}); delete it to resume from the last "
-                         "finished stage") from None
+        ckpt = read_torch(path, "a testbed checkpoint")
+    except ValueError as e:
+        raise ValueError(f"{e}; delete it to resume from the last finished stage") from None
     if not isinstance(ckpt, dict) or set(CHECKPOINT_KEYS) - set(ckpt):
         raise ValueError(f"{path}: not a testbed checkpoint (expected a dict with {', '.join(CHECKPOINT_KEYS)})")
     return ckpt

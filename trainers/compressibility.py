@@ -28,7 +28,7 @@ the same as in one process) are split evenly across the processes, their LoRA gr
 writes checkpoints and logs. The loss curve equals one process's up to floating-point summation order.
 
 Files read back (target outputs, checkpoints) hold tensors and plain values only and are read with
-``torch.load(weights_only=True)`` (:mod:`rift_ada.trainers.torch_files`): a pickle planted in their place is refused
+``torch.load(weights_only=True)`` (:func:`rift_ada.files.read_torch`): a pickle planted in their place is refused
 before any of its code runs. The held-out evaluation is :mod:`rift_ada.trainers.compressibility_eval`.
 """
 
@@ -49,9 +49,9 @@ from rift_ada.attention import use_rift_attention
 from rift_ada.cache import RiftCache, RiftLayer
 from rift_ada.layout import CacheLayout
 from rift_ada.selection import observation_window, select_importance
+from rift_ada.files import read_torch
 from rift_ada.resume import atomic_write, write_json
 
-from .torch_files import read_torch
 
 FORMAT = "rift-ada/target-logits-v1"
 # The training prompts' task formats: every format the evaluation asks for.

@@ -13,9 +13,6 @@ run code) and checks every field, so a corrupt, truncated or foreign file is ref
 
 from __future__ import annotations
 
-import pickle
-import warnings
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -25,6 +22,7 @@ import torch
 from torch import nn
 
 from .. import signals
+from ..files import read_torch
 from .base import Controller, Knob, check_observation, check_signal_order, number, numbers, short
 from .registry import known, kinds
 
@@ -83,7 +81,7 @@ class MLPController(Controller):
     def load(cls, path: str | Path) -> "MLPController":
         """A controller of this class's kind saved by :meth:`save`; ValueError (one line naming the file) for anything
         else, a controller of the other kind included."""
-        d = _read_torch_file(path)
+        d = read_torch(path, f"a {_kinds()} controller file")
         if not isinstance(d, dict) or d.get("kind") != cls.kind:
             held = f"kind {d.get('kind')!r}" if isinstance(d, dict) else f"a {type(d).__name__}"
             raise ValueError(f"{path}: not a {cls.kind.upper()} controller file (it holds {held}; expected a dict "
@@ -117,39 +115,12 @@ def _kinds() -> str:
 
 def load_mlp_controller(path: str | Path) -> MLPController:
     """A controller from a ``.pt`` file, of whichever registered kind it holds."""
-    d = _read_torch_file(path)
+    d = read_torch(path, f"a {_kinds()} controller file")
     if not isinstance(d, dict) or d.get("kind") not in kinds(".pt"):
         held = f"kind {d.get('kind')!r}" if isinstance(d, dict) else f"a {type(d).__name__}"
         raise ValueError(f"{path}: not a {_kinds()} controller file (it holds {held}; expected a dict with kind "
                          f"{' or '.join(map(repr, kinds('.pt')))})")
     return known()[d["kind"]]._from_dict(d, path)
-
-
-def _read_torch_file(path) -> object:
-    """``torch.load(weights_only=True)`` with one-line errors. torch's own messages run to 26 lines and advise
-    retrying with ``weights_only=False``, which would execute code from the file: never do that here."""
-    path = Path(path)
-    if path.stat().st_size == 0:
-        raise ValueError(f"{path}: the file is empty, not a {_kinds()} controller")
-    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a truncated one has lost its directory
-        raise ValueError(f"{path}: not a torch zip archive: truncated, corrupt, or not a {_kinds()} controller file")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # e.g. a note on the pickle protocol, printed to stderr
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise ValueError(f"{path}: refused: it holds objects a safe load does not allow ({_torch_reason(e)}); a "
-                         f"{_kinds()} controller file holds only tensors and plain values") from None
-    except Exception as e:  # a damaged archive: RuntimeError, EOFError, ... from torch's reader
-        raise ValueError(f"{path}: unreadable torch file ({_torch_reason(e)}): truncated or corrupt") from None
-
-
-def _torch_reason(err: BaseException) -> str:
-    """torch's reason, without its advice about ``weights_only`` and its boilerplate."""
-    advice = ("weights_only", "Weights only", "torch.load", "safe_globals", "file an issue")
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    reason = next((line for line in lines if not any(a in line for a in advice)), type(err).__name__)
-    return reason.split(". ")[0].rstrip(".")
 
 
 def _load_weights(net: nn.Sequential, state, path) -> None:

@@ -20,6 +20,13 @@ through the compiled static step of ``rift_ada.static``, and greedy ``generate``
 graph counts (``warmup_graphs``, and ``recompiles`` during the timed runs).
 
     python experiments/bench_decode.py --compile --lengths 1024 2048 4096 7168 8064 --prompts 1 --repeats 1
+
+``--controller FILE`` (a joint controller: ``train_controller.py --joint``) runs only its rows instead, per length and
+task family: plain decoding, the best fixed (k, period), the context-length k table and the controller, decode only
+(``rift_ada.joint.bench``):
+
+    python experiments/bench_decode.py --controller runs/joint/controller-joint-ppo.pt --source-dir pip \
+        --lengths 1024 4096 7168 --prompts 2 --max-new-tokens 256
 """
 
 from __future__ import annotations
@@ -28,9 +35,10 @@ import argparse
 import json
 import sys
 
-from rift_ada.bench import (add_benchmark_options, compiled_graphs, compiled_greedy, draft_ms_per_step, generate_tokens,
+from rift_ada.bench import (add_benchmark_options, compiled_graphs, compiled_greedy, draft_ms_per_step, generate_path,
                             greedy_on_static_cache, prepare_run, time_hf_assisted, timed, verify_ms_per_round, warm_up)
 from rift_ada.cli import ArgumentParser, add_model_options, add_runtime_options, fail, require_positive, write_output
+from rift_ada.joint.bench import add_controller_options, check_controller_args
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -44,6 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2,
                    help="runs per prompt of the generate-path comparison (the fastest counts)")
+    add_controller_options(p)
     add_runtime_options(p)
     args = p.parse_args(argv)
     require_positive(p, args, ("budget", "period", "draft_length", "max_new_tokens", "prompts", "repeats"))
@@ -58,6 +67,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         args.policies = prepare_run(args)
+        check_controller_args(args)
         # Imported after the option checks, so bad options fail without importing transformers.
         from rift_ada.data import build_tasks, encode
         from rift_ada.models import load_pair
@@ -67,12 +77,19 @@ def main(argv=None) -> int:
         return fail(e)
     report = {"budget": args.budget, "draft_length": args.draft_length, "device": args.device,
               "threads": args.threads, "lengths": []}
+    if args.controller:
+        from rift_ada.joint.bench import bench_controller, controller_report
+
+        report = controller_report(args)
     for length in args.lengths:
         try:
-            tasks = build_tasks(pair.tokenizer, "low", n=args.prompts, input_tokens=length, seed=0)
+            tasks = {f: build_tasks(pair.tokenizer, f, n=args.prompts, input_tokens=length, seed=args.seed,
+                                    source_dir=args.source) for f in args.families}
         except ValueError as e:
             return fail(e)
-        row = bench_length(pair, length, [encode(pair.tokenizer, t.prompt) for t in tasks], args)
+        prompts = {f: [encode(pair.tokenizer, t.prompt) for t in ts] for f, ts in tasks.items()}
+        row = ({"input_tokens": length, **bench_controller(pair, args.controller, prompts, args)} if args.controller
+               else bench_length(pair, length, prompts["low"], args))
         report["lengths"].append(row)
         print(json.dumps(row), file=sys.stderr)
     print(json.dumps(report, indent=1))
@@ -91,7 +108,7 @@ def bench_length(pair, length: int, prompts: list, args) -> dict:
     # assisted generation, plain greedy decoding.
     ours, round_time, dyn_results = profiled_loops(pair, prompts, args)
     plain, t_plain = timed(lambda: [greedy_reference(pair.target, ids, args.max_new_tokens, eos) for ids in prompts])
-    ours.update(generate_path(pair, prompts, args))
+    ours.update(generate_path(pair, prompts, args, decoder(pair, args.policies["rift-dyn"], args)))
     # Decode alone, what speculation speeds up: our loops' rounds, and greedy's time less a one-token generate (the
     # prompt's forward and the first token), which is the target's prefill.
     _, t_prefill = timed(lambda: [greedy_reference(pair.target, ids, 1, eos) for ids in prompts])
@@ -210,36 +227,6 @@ def compiled_rows(pair, prompts: list, args, plain: list) -> dict:
             "verify_ms_per_round": {k: verify_ms_per_round(results[k]) for k in ("rift_dyn", "rift_dyn_static")},
             "same_output": {name(k): tokens[k] == plain for k in tokens},
             "compile_s": compile_s, "warmup_graphs": warmup_graphs, "recompiles": timed_graphs}
-
-
-def generate_path(pair, prompts: list, args) -> dict:
-    """rift-dyn through ``target.generate(custom_generate=rift_generate)`` and through our loop (``decode``, no
-    profiling hooks), alternating per prompt so both see the same machine, each prompt's time the fastest of
-    ``--repeats`` runs (another job's bursts only ever slow a run down): {label: (tokens, seconds)}."""
-    from rift_ada.evaluate import decode
-    from rift_ada.hf import rift_generate
-
-    eos, dyn = pair.tokenizer.eos_token_id, args.policies["rift-dyn"]
-
-    def loop(ids):
-        return decode(decoder(pair, dyn, args), ids, args.max_new_tokens, dyn.controller).tokens
-
-    def generate(ids):
-        return generate_tokens(pair.target, ids, args.max_new_tokens, eos, assistant_model=pair.draft,
-                               custom_generate=rift_generate, rift_policy="rift-dyn", rift_budget=args.budget,
-                               rift_period=args.period, rift_draft_length=args.draft_length)
-
-    out = {}
-    for ids in prompts:
-        best = {}
-        for _ in range(args.repeats):
-            for label, fn in (("rift_ada_dyn_loop", loop), ("rift_ada_dyn_generate", generate)):
-                tokens, t = timed(lambda: fn(ids))
-                best[label] = (tokens, min(t, best.get(label, (None, float("inf")))[1]))
-        for label, (tokens, t) in best.items():
-            toks, total = out.get(label, ([], 0.0))
-            out[label] = toks + [tokens], total + t
-    return out
 
 
 if __name__ == "__main__":

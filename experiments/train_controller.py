@@ -19,17 +19,15 @@ Defaults: the paper's RIFT-ada setting as far as 2 cores allow: the shipped pair
 3. Every family swept across its knob in the real decoder on the held-out prompts (periodic: period; tree /
    logistic: decision level; PPO, DQN: lambda) over --eval-seeds seeds; the oracle's points from the held-out
    tables at each --oracle-lams.
-4. Output folder: tradeoff.csv (with each family's refresh savings against periodic at matched AL and its share of
-   the oracle's saving), tradeoff.png, tradeoff_time.png, metrics.json, one exported controller per learned family
-   (controller-tree.json, controller-logistic.json, controller-ppo.pt, controller-dqn.pt: loadable by
-   ``--controller`` and ``rift_generate`` without scikit-learn or stable-baselines3), the tables, and a W&B run
-   (offline by default: ``wandb sync <output-dir>/wandb/offline-run-*`` uploads it later).
+4. Output folder: tradeoff.csv (refresh savings against periodic at matched AL, share of the oracle's saving),
+   tradeoff.png, tradeoff_time.png, metrics.json, controller-<kind>.json/.pt per learned family (``--controller``,
+   ``rift_generate``: no scikit-learn or SB3 needed), the tables, an offline W&B run (``wandb sync``).
 
-Resuming: every table is a file and every other finished unit (the costs, each fit, each PPO or DQN run, each sweep
-point, the oracle's points) is stored in <output-dir>/state as soon as it ends; ``--resume`` (same options) loads
-them, redoes the interrupted one and ends with the same tradeoff.csv as an uninterrupted run (bit-identical on the
-same machine and --threads). Without --resume, an output folder holding a previous run is refused (exit 2);
---overwrite deletes its state and results (not its tables or W&B logs) and starts over.
+``--joint`` trains joint controllers (refresh and draft length) on the same tables instead (trainers/joint.py).
+Resuming: every table is a file and every other finished unit is stored in <output-dir>/state as soon as it ends;
+``--resume`` (same options) redoes the interrupted one and ends as an uninterrupted run would (bit-identical on the
+same machine and --threads). Without --resume, a folder holding a previous run is refused (exit 2); --overwrite
+deletes its state and results (not its tables or W&B logs) and starts over.
 """
 
 from __future__ import annotations
@@ -49,6 +47,7 @@ from rift_ada.cli import (ArgumentParser, add_cache_options, add_decoding_option
                           require_positive)
 from rift_ada.refresh.registry import learned
 from rift_ada.resume import config_of, open_state
+from rift_ada.trainers import joint
 from rift_ada.trainers.controller_job import report, stages, workers
 from rift_ada.trainers.controller_job.job import Job
 
@@ -56,8 +55,7 @@ from rift_ada.trainers.controller_job.job import Job
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_options(p, drafter="testbed", device_map=True)  # an external draft, as in the paper's RIFT-ada setting
-    # a RIFT layout (25% of the prompt) on the grid the tables hold a row per point of; the controllers are learned
-    add_cache_options(p, policy=None, budget=256, refresh_grid=8)
+    add_cache_options(p, policy=None, budget=256, refresh_grid=8)  # 25% of the prompt, on the tables' grid
     add_decoding_options(p, max_new_tokens=1024)
     p.set_defaults(temperature=1.0, draft_step="static", verify_step="static")  # the paper samples; the fast path
     add_runtime_options(p)
@@ -67,6 +65,7 @@ def parse_args(argv=None):
                      entropy_quantiles=[])
     # Every learned kind's knob and training options (--tree-decisions, --lams, --ppo-timesteps, ...) and --learners.
     add_learned_options(p.add_argument_group("learned controllers"))
+    joint.add_joint_options(p)  # --joint: refresh and draft length (trainers/joint.py)
     preset, _ = p.parse_known_args(argv)
     if preset.preset in PRESETS:  # an unknown one is refused by the full parse below
         p.set_defaults(**PRESETS[preset.preset])
@@ -85,6 +84,11 @@ def parse_args(argv=None):
         p.error(str(e))
     if args.source_dir == "stdlib":
         args.source_dir = None
+    args.output_dir = args.output_dir or ("runs/joint" if args.joint else "runs/controller")
+    try:
+        joint.check_joint_args(args)
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
@@ -145,7 +149,7 @@ def add_job_options(p) -> None:
                    help="replays per held-out table of the oracle's and the full cache's points (sampling)")
     o = p.add_argument_group("output")
     o.add_argument("--seed", type=int, default=0)
-    o.add_argument("--output-dir", default="runs/controller")
+    o.add_argument("--output-dir", default=None, help="default runs/controller (--joint: runs/joint)")
     o.add_argument("--wandb-project", default="rift-ada")
     o.add_argument("--wandb-mode", default="offline", choices=["offline", "online", "disabled"])
     r = o.add_mutually_exclusive_group()
@@ -160,22 +164,20 @@ def add_job_options(p) -> None:
                         "4K: for a GPU and a real --target / --drafter pair)")
 
 
-# Training code bases: the standard library's training split and five installed packages (the project's own
-# dependencies, so they are there wherever it is installed); the held-out default, pip, is none of them.
+# Training code bases: stdlib's training split and five of the project's dependencies (installed wherever it is).
 TRAIN_SOURCES = ("stdlib", "numpy", "scipy", "sklearn", "transformers", "matplotlib")
 
 
-# Defaults per setting (an option given on the command line wins). "paper": the RIFT paper's RIFT-ada setting.
-PRESETS = {
+PRESETS = {  # defaults per setting (an option given wins); "paper": the RIFT paper's RIFT-ada setting
     "cpu": {},
     "paper": {"input_tokens": 32768, "max_new_tokens": 4096, "budget": 8192, "draft_length": 11, "temperature": 1.0,
               "task": "low,sort", "periods": [64, 128, 256, 512, 1024, 2048, 4096]},
 }
 
 
-# Files of a finished run (refused or deleted as "a previous run"), and options that do not change its results.
+# A finished run's files (refused or deleted as "a previous run"); options that do not change its results.
 RESULT_FILES = ("tradeoff.csv", "tradeoff_replay.csv", "tradeoff.png", "tradeoff_time.png", "metrics.json",
-                *(f"controller-{c.kind}{c.suffix}" for c in learned()))
+                *(f"controller-{c.kind}{c.suffix}" for c in learned()), *joint.RESULT_FILES)
 SESSION_OPTIONS = ("output_dir", "resume", "overwrite", "threads", "wandb_project", "wandb_mode", "workers")
 
 
@@ -183,8 +185,7 @@ def main(argv=None) -> int:
     from rift_ada import distributed
 
     if distributed.launched_world_size() > 1:
-        # Every process would run the whole job and write the same files. Its pieces shard by themselves where they
-        # can (python -m rift_ada.replay build, rift_ada.evaluate); PPO / DQN training here is one process.
+        # Every process would run the whole job and write the same files (its tables can shard: rift_ada.replay).
         err = ValueError("experiments/train_controller.py runs as one process: run it without torchrun "
                          "(build its tables with torchrun -m rift_ada.replay build first, if you like)")
         return fail(err) if distributed.is_main() else 2
@@ -225,6 +226,8 @@ def main(argv=None) -> int:
     print(f"cost model: draft step {1e3 * costs.draft_step_s:.2f} ms, verify {1e3 * costs.verify_s:.2f} ms, refresh "
           f"{1e3 * costs.refresh_s:.2f} ms; {len(train_tables)} training and {len(heldout_tables)} held-out tables "
           f"({tables_s:.0f} s)", file=sys.stderr)
+    if args.joint:
+        return joint.finish(out, state, run, args, pair, layout, decoding, train_tables, heldout_tables)
     t0 = time.time()
     job = Job(state, run, args, train_tables, costs)
     trained = stages.train(job, learners_of(args))

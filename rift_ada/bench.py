@@ -156,3 +156,33 @@ def bare_forward_ms(model, prompt: list[int], q: int, reps: int = 10) -> float:
                                model.device)[1])
             cache.crop(-q)
     return 1000 * sorted(times)[len(times) // 2]
+
+
+def generate_path(pair, prompts: list, args, dyn_decoder) -> dict:
+    """rift-dyn through ``target.generate(custom_generate=rift_generate)`` and through our loop (``dyn_decoder`` in
+    ``decode``, no profiling hooks), alternating per prompt so both see the same machine, each prompt's time the
+    fastest of ``--repeats`` runs (another job's bursts only ever slow a run down): {label: (tokens, seconds)}."""
+    from .evaluate import decode
+    from .hf import rift_generate
+
+    eos, dyn = pair.tokenizer.eos_token_id, args.policies["rift-dyn"]
+
+    def loop(ids):
+        return decode(dyn_decoder, ids, args.max_new_tokens, dyn.controller).tokens
+
+    def generate(ids):
+        return generate_tokens(pair.target, ids, args.max_new_tokens, eos, assistant_model=pair.draft,
+                               custom_generate=rift_generate, rift_policy="rift-dyn", rift_budget=args.budget,
+                               rift_period=args.period, rift_draft_length=args.draft_length)
+
+    out = {}
+    for ids in prompts:
+        best = {}
+        for _ in range(args.repeats):
+            for label, fn in (("rift_ada_dyn_loop", loop), ("rift_ada_dyn_generate", generate)):
+                tokens, t = timed(lambda: fn(ids))
+                best[label] = (tokens, min(t, best.get(label, (None, float("inf")))[1]))
+        for label, (tokens, t) in best.items():
+            toks, total = out.get(label, ([], 0.0))
+            out[label] = toks + [tokens], total + t
+    return out

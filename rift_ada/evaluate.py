@@ -31,6 +31,7 @@ from . import distributed
 from .cli import (ArgumentParser, add_cache_options, add_decoding_options, add_model_options, add_runtime_options,
                   add_task_options, apply_runtime, decoding_from_args, fail_in_group, policy_from_args,
                   tasks_from_args)
+from .joint.control import check_joint, is_joint
 from .metrics import acceptance_length, summarize
 from .refresh.base import refresh_wanted
 
@@ -48,14 +49,16 @@ class Evaluation:
 def decode(decoder: SpeculativeDecoder, prompt_ids: Sequence[int], max_new_tokens: int,
            controller=None, on_tokens=None) -> DecodeResult:
     """Decode one prompt to the end, ``controller`` (``rift_ada.refresh``) deciding each round's refresh from the
-    signals (None: never refresh). ``on_tokens(new_tokens) -> bool``, if given, sees the first token and then each
+    signals (None: never refresh), or a joint controller (``rift_ada.joint``) each round's refresh and draft length. ``on_tokens(new_tokens) -> bool``, if given, sees the first token and then each
     round's new tokens, and ends the decode by returning True (``rift_ada.hf``: streamers, stopping criteria).
     The rounds are the decoder's own loop, ``SpeculativeDecoder.rounds``."""
     decoder.reset(prompt_ids, max_new_tokens)
     if on_tokens is not None and on_tokens(decoder.result.tokens):
         return decoder.result
     tokens = decoder.result.tokens
-    for record in decoder.rounds(lambda state: refresh_wanted(controller, state)):
+    decide = (check_joint(controller, decoder).act if is_joint(controller)
+              else (lambda state: refresh_wanted(controller, state)))
+    for record in decoder.rounds(decide):
         if on_tokens is not None and on_tokens(tokens[len(tokens) - record.emitted:]):
             break
     return decoder.result

@@ -67,6 +67,10 @@ class DecoderState:
     focus: float = 0.0
     fresh: tuple[float, ...] = ()  # accepted / k of the first FRESH rounds after the last scoring (or the prefill)
     drift_floor: float = 0.0  # the drift published right after the last scoring's round (or the prefill)
+    prompt_tokens: int = 0  # the prompt's length: with ``generated``, the context a round's costs depend on
+    since_draft: int = 0  # tokens generated since the last round that drafted (plain target steps: k = 0)
+    drafted_total: int = 0  # draft tokens proposed over the generation so far, and how many were accepted
+    accepted_total: int = 0
 
 
 def index(name: str) -> int:
@@ -76,9 +80,21 @@ def index(name: str) -> int:
 
 
 def acceptance(accepted: int, draft_length: int) -> float:
-    """A round's accepted share of its drafts, as ``acc_1..acc_H`` and ``acc_fresh`` read it (1.0 for a round that
-    drafted nothing)."""
+    """A round's accepted share of its drafts, as ``acc_1..acc_H`` and ``acc_fresh`` read it. Only rounds that drafted
+    enter them (a plain target step, k = 0, says nothing about the draft); 1.0 before any."""
     return accepted / draft_length if draft_length else 1.0
+
+
+def recent_acceptance(rounds) -> tuple[float, ...]:
+    """``acceptance`` of the last HISTORY rounds that drafted (records with ``accepted`` and ``draft_length``), most
+    recent first."""
+    out = []
+    for r in reversed(rounds):
+        if r.draft_length:
+            out.append(r.accepted / r.draft_length)
+            if len(out) == HISTORY:
+                break
+    return tuple(out)
 
 
 def since_refresh_after(count: int, refreshed: bool, emitted: int) -> int:

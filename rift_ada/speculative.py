@@ -36,7 +36,7 @@ from .layout import CacheLayout
 from .models import check_vocab
 from .recurrent import TargetStates
 from .rounds import accept, cut_at_eos, draft_count, entropy, sample, sampling_probs
-from .signals import FRESH, HISTORY, RUNWAY_CAP, DecoderState, acceptance, since_refresh_after
+from .signals import FRESH, RUNWAY_CAP, DecoderState, acceptance, recent_acceptance, since_refresh_after
 from .static import StaticKV, static_steps
 
 
@@ -244,15 +244,20 @@ class SpeculativeDecoder:
         self._t_pending, self._d_pending = [first], [first]
         self.tokens_since_refresh = 0
         self._fresh: list[float] = []  # accepted / k of the first rounds after the last scoring (signals.FRESH)
+        self._since_draft = 0  # tokens emitted by plain target steps (k = 0) since the last drafting round
+        self._drafted = self._accepted = 0  # draft tokens proposed and accepted so far
         self._drift_floor = None  # the drift published right after the last scoring
         self.done = first == self.eos_token_id or max_new_tokens <= 1
         self.state = self._state()
 
-    def rounds(self, decide: Callable[[DecoderState], bool] | None = None) -> Iterator[RoundRecord]:
-        """The decode loop: yield each round's record until the generation (``reset``) ends, each round refreshing
-        if ``decide(state)`` says so for the state published before it (None: never refresh)."""
+    def rounds(self, decide: Callable[[DecoderState], bool | tuple[bool, int]] | None = None
+               ) -> Iterator[RoundRecord]:
+        """The decode loop: yield each round's record until the generation (``reset``) ends, each round as
+        ``decide(state)`` says for the state published before it: a bool (refresh or not; None: never refresh), or
+        (refresh, draft_length) from a joint controller (``rift_ada.joint``)."""
         while not self.done:
-            yield self.step(decide is not None and bool(decide(self.state)))
+            choice = False if decide is None else decide(self.state)
+            yield self.step(*choice) if isinstance(choice, tuple) else self.step(bool(choice))
 
     @torch.inference_mode()
     def step(self, refresh: bool = False, draft_length: int | None = None) -> RoundRecord:
@@ -339,24 +344,31 @@ class SpeculativeDecoder:
         self.tokens_since_refresh = since_refresh_after(self.tokens_since_refresh, record.refreshed, record.emitted)
         if record.refreshed:
             self._fresh, self._drift_floor = [], None
-        if len(self._fresh) < FRESH:
+        if len(self._fresh) < FRESH and record.draft_length:
             self._fresh.append(acceptance(record.accepted, record.draft_length))
-        self.state = self._state()
+        self._since_draft = 0 if record.draft_length else self._since_draft + record.emitted
+        self._drafted, self._accepted = self._drafted + record.draft_length, self._accepted + record.accepted
+        # A plain target step feeds the draft nothing: its cache, hence its read-ahead and drift, are as they were.
+        self.state = self._state(reuse=not record.draft_length and not record.refreshed)
 
-    def _state(self) -> DecoderState:
+    def _state(self, reuse: bool = False) -> DecoderState:
         rounds = self.result.rounds
         last = rounds[-1] if rounds else None
-        runway, focus = self.dcache.read_ahead(RUNWAY_CAP)
-        drift = self.dcache.query_drift()
+        if reuse:
+            runway, focus, drift = self.state.runway, self.state.focus, self.state.drift
+        else:
+            runway, focus = self.dcache.read_ahead(RUNWAY_CAP)
+            drift = self.dcache.query_drift()
         if self._drift_floor is None:  # the first state after a scoring (the prefill's, or a refreshing round's)
             self._drift_floor = drift
         return DecoderState(
             generated=len(self.result.tokens), max_new_tokens=self.max_new_tokens, rounds=len(rounds),
             tokens_since_refresh=self.tokens_since_refresh, drift=drift,
-            acceptance=tuple(acceptance(r.accepted, r.draft_length) for r in rounds[-HISTORY:][::-1]),
+            acceptance=recent_acceptance(rounds),
             entropy_mean=last.entropy_mean if last else 0.0, entropy_max=last.entropy_max if last else 0.0,
             vocab_size=self.draft.config.vocab_size, runway=runway, focus=focus, fresh=tuple(self._fresh),
-            drift_floor=self._drift_floor)
+            drift_floor=self._drift_floor, prompt_tokens=self.prompt_len, since_draft=self._since_draft,
+            drafted_total=self._drafted, accepted_total=self._accepted)
 
     # --- settings ----------------------------------------------------------------------------------------------------
     @property

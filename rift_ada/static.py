@@ -178,18 +178,21 @@ class StaticKV:
 
 class StaticVerify(_StaticForward):
     """``verify(cache, tokens) -> logits (len(tokens), vocab)``: the target's verify forward over a
-    :class:`StaticKV` as a fixed block of ``block`` tokens (a shorter round is padded; the padding's logits are
-    dropped and its entries lie past ``length``), so it too has one shape per cache capacity."""
+    :class:`StaticKV`. Compiled, it is a fixed block of ``block`` tokens (a shorter round is padded; the padding's
+    logits are dropped and its entries lie past ``length``), so it has one shape per cache capacity; eager, a round
+    of fewer tokens runs on just those (a round that drafts less, or a plain target step, costs less)."""
 
     def __init__(self, model, block: int, compile: bool = False):
         super().__init__(model, compile)
         self.block = block
+        self.pad = compile  # every round padded to the block: one input shape per cache capacity (a graph's need)
 
     def inputs(self, cache: StaticKV, tokens: list[int]):
         device = cache.keys[0].device
-        ids = torch.zeros(1, self.block, dtype=torch.long, device=device)
+        width = self.block if self.pad else len(tokens)
+        ids = torch.zeros(1, width, dtype=torch.long, device=device)
         ids[0, :len(tokens)] = torch.tensor(tokens, device=device)
-        pos = torch.arange(cache.length, cache.length + self.block, device=device)
+        pos = torch.arange(cache.length, cache.length + width, device=device)
         mask = torch.arange(cache.keys[0].shape[2], device=device)[None] <= pos[:, None]
         return ids, pos[None], pos, mask[None, None], cache.keys, cache.values
 

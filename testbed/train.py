@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path

@@ -46,7 +46,7 @@ def progress_callback(total: int, desc: str):
 
 def train_ppo(env_fns, timesteps: int, seed: int = 0, callback=None, net_arch=(32, 32), n_steps: int = 128,
               learning_rate: float = 3e-4, ent_coef: float = 0.01, logger=None, progress: str | None = None,
-              subproc: bool = False, demonstrations=None, value_warmup: int = 0):
+              subproc: bool = False, demonstrations=None, value_warmup: int = 0, gamma: float = 0.99):
     """Train PPO on ``env_fns`` (thunks making RefreshEnvs or ReplayEnvs; RefreshEnvSpecs with ``subproc``), with a
     progress bar titled ``progress`` if given. ``demonstrations`` (observations, actions, weights): the policy first
     clones them (:func:`clone`), then, for ``value_warmup`` steps, only the value function learns (the policy
@@ -59,7 +59,7 @@ def train_ppo(env_fns, timesteps: int, seed: int = 0, callback=None, net_arch=(3
     venv = make_vec_env(env_fns, subproc=subproc)
     venv.seed(seed)
     model = PPO("MlpPolicy", venv, n_steps=n_steps, batch_size=64, n_epochs=10, learning_rate=learning_rate,
-                gamma=0.99, ent_coef=ent_coef, seed=seed, device="cpu", verbose=0,
+                gamma=gamma, ent_coef=ent_coef, seed=seed, device="cpu", verbose=0,
                 policy_kwargs={"net_arch": list(net_arch)})
     if demonstrations is not None:
         clone(model, venv, *demonstrations, seed=seed)

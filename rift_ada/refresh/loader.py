@@ -11,7 +11,8 @@ from .registry import known, kinds
 
 
 def load_controller(path: str | Path):
-    """A controller from a ``.json`` (rules, tree, logistic) or ``.pt`` (PPO, DQN: any registered kind) file.
+    """A controller from a ``.json`` (rules, tree, logistic) or ``.pt`` (PPO, DQN: any registered kind; a joint
+    controller, ``rift_ada.joint``) file.
 
     FileNotFoundError for a missing file; ValueError, in one line naming the file and what is wrong, for a file that
     is not a valid controller (corrupt, truncated, wrong structure, wrong types, unknown kind, other signals).
@@ -20,7 +21,13 @@ def load_controller(path: str | Path):
     if not path.is_file():
         raise FileNotFoundError(f"controller file {str(path)!r} does not exist")
     if path.suffix == ".pt":
-        return load_mlp_controller(path)
+        from ..files import read_torch
+        from ..joint.control import KIND, JointPolicy
+
+        d = read_torch(path, f"a controller file ({' or '.join(k.upper() for k in kinds('.pt'))} or joint)")
+        if isinstance(d, dict) and d.get("kind") == KIND:
+            return JointPolicy.from_dict(d, path)
+        return load_mlp_controller(path, d)
     kind = read_json_object(path).get("kind")
     if not isinstance(kind, str) or kind not in kinds(".json"):
         what = "no 'kind' field" if kind is None else f"unknown controller kind {kind!r}"

@@ -113,9 +113,9 @@ def _kinds() -> str:
     return " or ".join(k.upper() for k in kinds(".pt"))
 
 
-def load_mlp_controller(path: str | Path) -> MLPController:
-    """A controller from a ``.pt`` file, of whichever registered kind it holds."""
-    d = read_torch(path, f"a {_kinds()} controller file")
+def load_mlp_controller(path: str | Path, d=None) -> MLPController:
+    """A controller from a ``.pt`` file, of whichever registered kind it holds (``d``: the file's content, read)."""
+    d = read_torch(path, f"a {_kinds()} controller file") if d is None else d
     if not isinstance(d, dict) or d.get("kind") not in kinds(".pt"):
         held = f"kind {d.get('kind')!r}" if isinstance(d, dict) else f"a {type(d).__name__}"
         raise ValueError(f"{path}: not a {_kinds()} controller file (it holds {held}; expected a dict with kind "

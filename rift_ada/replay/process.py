@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..signals import FRESH, HISTORY, DecoderState, since_refresh_after
+from ..signals import FRESH, DecoderState, recent_acceptance, since_refresh_after
 from .table import ReplayTable
 
 
@@ -52,9 +52,13 @@ class Replay:
         self.log_vocab = float(np.log(table.vocab_size))
         self.done = True
 
-    def reset(self, rng: np.random.Generator | None = None) -> DecoderState:
+    def reset(self, rng: np.random.Generator | None = None, prompt_tokens: int | None = None) -> DecoderState:
+        """Start the episode. ``prompt_tokens``: the prompt length its states report (None: the table's), for pricing
+        its rounds at another context length (``rift_ada.joint``); what it accepts stays the table's."""
         self.rng = rng if rng is not None else np.random.default_rng(0)
-        self.g, self.pending, self.row, self.since = 1, 1, 0, 0
+        self.prompt_tokens = self.P if prompt_tokens is None else int(prompt_tokens)
+        self.g, self.pending, self.row, self.since, self.since_draft = 1, 1, 0, 0, 0
+        self.drafted = self.accepted = 0
         self.rounds: list[ReplayRound] = []
         self.last_entropy = (0.0, 0.0)
         self.fresh: list[float] = []
@@ -89,8 +93,10 @@ class Replay:
         self.since = since_refresh_after(self.since, refresh, emitted)
         if refresh:
             self.fresh = []
-        if len(self.fresh) < FRESH:
-            self.fresh.append(n / k if k else 1.0)
+        if len(self.fresh) < FRESH and k:
+            self.fresh.append(n / k)
+        self.since_draft = self.since_draft + emitted if k == 0 else 0
+        self.drafted, self.accepted = self.drafted + k, self.accepted + n
         self.g += emitted
         self.pending = self.pending + 1 if k == 0 else (2 if n == k else 1)
         self.done = self.g >= self.N
@@ -102,19 +108,20 @@ class Replay:
     def state(self) -> DecoderState:
         """The ``DecoderState`` the decoder publishes at this point (``SpeculativeDecoder._state``)."""
         t = self.table
-        if not self.rounds:
+        if self.length == self.P:  # the draft cache holds the prompt alone (no round yet, or plain steps only)
             init = t.header["initial"]
             runway, focus, drift = init["runway"], init["focus"], init["drift"]
         else:
             u = self.length - self.P
             runway, focus, drift = (float(t.runway[self.row, u]), float(t.focus[self.row, u]),
                                     float(t.drift[self.row, u]))
-        recent = self.rounds[-HISTORY:][::-1]
         return DecoderState(
             generated=self.g, max_new_tokens=self.max_new, rounds=len(self.rounds), tokens_since_refresh=self.since,
-            drift=drift, acceptance=tuple(r.accepted / r.draft_length if r.draft_length else 1.0 for r in recent),
+            drift=drift, acceptance=recent_acceptance(self.rounds),
             entropy_mean=self.last_entropy[0], entropy_max=self.last_entropy[1], vocab_size=t.vocab_size,
-            runway=runway, focus=focus, fresh=tuple(self.fresh), drift_floor=self.drift_floor)
+            runway=runway, focus=focus, fresh=tuple(self.fresh), drift_floor=self.drift_floor,
+            prompt_tokens=self.prompt_tokens, since_draft=self.since_draft, drafted_total=self.drafted,
+            accepted_total=self.accepted)
 
     @property
     def refreshes(self) -> int:

@@ -1,0 +1,132 @@
+"""JointReplayEnv: refresh or not *and* how many tokens to draft, as a Gymnasium environment over replay tables.
+
+Beside ``ReplayEnv`` (refresh only, ``Discrete(2)``, unchanged): the action indexes ``rift_ada.joint.actions``, the
+(refresh, k) choices (k = 0: one plain target step); the observation is ``rift_ada.joint.observe`` (the refresh
+signals, the tokens since the last drafting round, and the round costs at the current context in plain target
+steps). The reward is the time one: a round's emitted tokens less its modelled seconds in plain target steps at the
+episode's context (``RoundCosts``), i.e. the tokens it gained over greedy decoding. An episode's tokens are fixed
+(one table's continuation), so the return is that many tokens less the episode's time: the policy that maximises it
+maximises tokens per second. Each episode prices its table at a context length drawn from ``contexts`` (default:
+the costs' measured range), so one set of tables teaches every length the costs cover. ``JointRefreshEnv`` is the
+same environment over the real decoder (one round of both models per step), priced by the same costs.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import gymnasium as gym
+import numpy as np
+
+from rift_ada.joint.control import DRAFT_LENGTHS, NAMES, actions, observe
+from rift_ada.joint.costs import RoundCosts
+from rift_ada.joint.replay import priced_step
+from rift_ada.replay.process import Replay
+from rift_ada.replay.table import ReplayTable
+
+from .replay_env import check_same_settings
+
+
+class JointReplayEnv(gym.Env):
+    metadata = {"render_modes": []}
+
+    def __init__(self, tables: Sequence[ReplayTable], costs: RoundCosts, draft_lengths=DRAFT_LENGTHS,
+                 contexts: tuple[int, int] | None = None):
+        super().__init__()
+        if not tables:
+            raise ValueError("JointReplayEnv needs at least one replay table")
+        check_same_settings(tables)
+        self.choices = actions(draft_lengths)
+        self.k_max = max(k for _, k in self.choices)
+        if self.k_max < 1:
+            raise ValueError("the draft lengths must include one >= 1")
+        self.tables, self.costs = list(tables), costs
+        self.replays = [Replay(t, self.k_max) for t in self.tables]
+        self.contexts = contexts or (min(costs.lengths), max(costs.lengths))
+        self.action_space = gym.spaces.Discrete(len(self.choices))
+        low = np.zeros(len(NAMES), dtype=np.float32)
+        self.observation_space = gym.spaces.Box(low, np.full(len(NAMES), np.inf, np.float32), dtype=np.float32)
+        self.replay: Replay | None = None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        options = options or {}
+        i = options.get("table_index")
+        i = int(self.np_random.integers(len(self.tables))) if i is None else i
+        lo, hi = self.contexts
+        context = options.get("context") or int(self.np_random.integers(lo, hi + 1))
+        self.table_index, self.replay, self.context = i, self.replays[i], context
+        self.replay.reset(self.np_random, prompt_tokens=context)
+        self.plain_s = self.costs.verify(1, context)
+        return self._observe(), {"context": context, "table_index": i}
+
+    def step(self, action):
+        if not self.action_space.contains(int(action)):
+            raise ValueError(f"action must be in 0..{len(self.choices) - 1} (rift_ada.joint.actions), got {action!r}")
+        if self.replay is None or self.replay.done:
+            raise RuntimeError("the episode has ended: call reset()")
+        refresh, k = self.choices[int(action)]
+        rec, seconds = priced_step(self.replay, refresh, k, self.costs)
+        return self._observe(), reward(rec, seconds, self.plain_s), self.replay.done, False, info(rec, seconds)
+
+    def _observe(self) -> np.ndarray:
+        return observe(self.replay.state, self.costs, self.k_max)
+
+
+def reward(rec, seconds: float, plain_s: float) -> float:
+    """A round's reward: its emitted tokens less its modelled seconds in plain target steps (the tokens it gained over
+    greedy decoding)."""
+    return float(rec.emitted - seconds / plain_s)
+
+
+def info(rec, seconds: float) -> dict:
+    return {"emitted": rec.emitted, "seconds": seconds, "draft_length": rec.draft_length, "refreshed": rec.refreshed,
+            "accepted": rec.accepted}
+
+
+class JointRefreshEnv(gym.Env):
+    """``JointReplayEnv``'s actions, observation and reward over a ready decoder (its k at least the largest draft
+    length) and encoded prompts: each step runs one round of both models. Its rounds are priced at their real
+    context (prompt + generated tokens)."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, decoder, prompts: Sequence[Sequence[int]], costs: RoundCosts, draft_lengths=DRAFT_LENGTHS,
+                 max_new_tokens: int = 256):
+        super().__init__()
+        if not prompts:
+            raise ValueError("JointRefreshEnv needs at least one prompt")
+        self.choices = actions(draft_lengths)
+        self.k_max = max(k for _, k in self.choices)
+        if not 1 <= self.k_max <= decoder.k:
+            raise ValueError(f"the draft lengths must include one >= 1 and stay <= the decoder's k ({decoder.k})")
+        if not decoder.layout.refreshable:
+            raise ValueError(f"the decoder's draft cache ({decoder.layout.describe()}) cannot refresh")
+        self.decoder, self.prompts, self.costs = decoder, [list(p) for p in prompts], costs
+        self.max_new_tokens = max_new_tokens
+        self.action_space = gym.spaces.Discrete(len(self.choices))
+        self.observation_space = gym.spaces.Box(np.zeros(len(NAMES), np.float32), np.full(len(NAMES), np.inf,
+                                                                                          np.float32))
+        self._rounds, self._choice = iter(()), (False, 0)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        i = (options or {}).get("prompt_index")
+        i = int(self.np_random.integers(len(self.prompts))) if i is None else i
+        self.decoder.seed = int(self.np_random.integers(2**31))  # a seed fixes the trajectory
+        self.decoder.reset(self.prompts[i], self.max_new_tokens)
+        self.plain_s = self.costs.verify(1, len(self.prompts[i]))
+        self._rounds = self.decoder.rounds(lambda state: self._choice)
+        return observe(self.decoder.state, self.costs, self.k_max), {"prompt_index": i}
+
+    def step(self, action):
+        if self.decoder.done:
+            raise RuntimeError("the episode has ended: call reset()")
+        if not self.action_space.contains(int(action)):
+            raise ValueError(f"action must be in 0..{len(self.choices) - 1} (rift_ada.joint.actions), got {action!r}")
+        self._choice = self.choices[int(action)]
+        state = self.decoder.state
+        rec = next(self._rounds)
+        seconds = self.costs.round_seconds(rec.draft_length, rec.refreshed, state.prompt_tokens + state.generated)
+        obs = observe(self.decoder.state, self.costs, self.k_max)
+        return obs, reward(rec, seconds, self.plain_s), self.decoder.done, False, info(rec, seconds)

@@ -1,0 +1,166 @@
+"""The decode benchmark's controller rows (``experiments/bench_decode.py --controller FILE``): decode-only tokens per
+second of plain decoding (``greedy``: the target alone, one token per forward on the static cache, sampling at
+T > 0), the best fixed (k, period) chosen on the training prompts (``best_fixed``), the context-length k table
+(``length_table``) and the controller (``joint``), per input length and task family, each prompt's rows run one
+after another and repeated in a rotating order in this one process (a slow spell of the machine falls on every row
+alike). Beside the measured speed: each row's AL, refreshes, the k it chose per family, and the speed its cost model
+predicted for the same rounds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import torch
+from tqdm.auto import tqdm
+
+from ..rounds import sample, sampling_probs
+from .control import FixedJoint, JointController, baseline, is_joint
+
+ROWS = ("greedy", "best_fixed", "length_table", "joint")
+
+
+def add_controller_options(parser) -> None:
+    g = parser.add_argument_group("controller rows (--controller)")
+    g.add_argument("--controller", default=None,
+                   help="a controller file: adds greedy, best_fixed, length_table and joint rows per length and task "
+                        "family (decode only); the other rows are not run")
+    g.add_argument("--task", default="low,sort,high", help="task families, comma-separated (with --controller)")
+    g.add_argument("--source-dir", default=None, help="build prompts from this code base (a folder or an installed "
+                   "package's name: pip); default the held-out standard library files")
+    g.add_argument("--temperature", type=float, default=1.0, help="with --controller (0: greedy, checked lossless)")
+    g.add_argument("--seed", type=int, default=0)
+
+
+def check_controller_args(args) -> None:
+    """Before any model loads: the task families, the prompt source and (with ``--controller``) the controller, read
+    into ``args.families``, ``args.source`` and ``args.controller``. ValueError (one line) for bad ones."""
+    from ..data.sources import source_folder
+    from ..data.tasks import TASK_FAMILIES
+
+    args.families = [f.strip() for f in args.task.split(",")] if args.controller else ["low"]
+    unknown = [f for f in args.families if f not in TASK_FAMILIES]
+    if unknown:
+        raise ValueError(f"--task: unknown families {', '.join(unknown)}; choose from {', '.join(TASK_FAMILIES)}")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    args.source = None if args.source_dir in (None, "stdlib") else source_folder(args.source_dir)
+    if args.controller:
+        from ..refresh.loader import load_controller
+
+        path, args.controller = args.controller, load_controller(args.controller)
+        rows_of(args.controller)
+        args.controller_path = str(path)
+        args.controller.costs.check(where=str(path))
+
+
+def controller_report(args) -> dict:
+    """The head of the report: what was compared, under which costs."""
+    c = args.controller
+    rows = rows_of(c)
+    return {"controller": args.controller_path, "family": c.family, "temperature": args.temperature,
+            "source_dir": args.source_dir or "stdlib", "prompts": args.prompts, "repeats": args.repeats,
+            "max_new_tokens": args.max_new_tokens, "threads": args.threads, "device": args.device,
+            **{name: rows[name].describe() for name in ("best_fixed", "length_table") if name in rows},
+            "costs": c.costs.to_dict(), "lengths": []}
+
+
+@torch.inference_mode()
+def plain_decode(target, ids: list[int], new_tokens: int, eos, temperature: float, seed: int):
+    """The target alone, one token per forward on ``rift_ada.static``'s cache: (tokens, decode seconds after the first
+    token). The speculate-never row."""
+    from transformers import DynamicCache
+
+    from ..static import StaticKV, StaticVerify
+
+    g = torch.Generator(device=target.device).manual_seed(seed)
+    x = torch.tensor([ids], device=target.device)
+    cache = DynamicCache(config=target.config)
+    logits = target(x, cache=cache, logits_to_keep=1).logits[0, -1]
+    token = sample(sampling_probs(logits, temperature), logits, g)
+    cache, step, tokens = StaticKV(cache, len(ids) + new_tokens + 1), StaticVerify(target, 1), [token]
+    t = time.perf_counter()
+    while len(tokens) < new_tokens and token != eos:
+        logits = step(cache, [token])[-1]
+        token = sample(sampling_probs(logits, temperature), logits, g)
+        tokens.append(token)
+    if target.device.type == "cuda":
+        torch.cuda.synchronize()
+    return tokens, time.perf_counter() - t
+
+
+def rows_of(controller) -> dict[str, JointController]:
+    """The rows a controller file gives: a joint controller's recorded baselines and itself; a refresh-only
+    controller runs as the joint row at the decoder's k."""
+    if not is_joint(controller):
+        raise ValueError("--controller needs a joint controller file (train_controller.py --joint writes them)")
+    rows = {"best_fixed": baseline(controller.baselines["best_fixed"])} if "best_fixed" in controller.baselines else {}
+    if "length_table" in controller.baselines:
+        rows["length_table"] = baseline(controller.baselines["length_table"])
+    return {**rows, "joint": controller}
+
+
+def bench_controller(pair, controller, prompts_by_family: dict, args) -> dict:
+    """One input length: {family: {row: numbers}} and "all" (every family's tokens over their seconds)."""
+    from ..speculative import Decoding, SpeculativeDecoder
+
+    costs, rows = controller.costs, rows_of(controller)
+    steps = costs.steps if costs.steps in ("model", "static", "compiled") else "model"
+    layout = controller.cache_layout()
+    k = max(r.k_max for r in rows.values())
+    eos = pair.tokenizer.eos_token_id
+    out, totals = {}, {}
+    bar = tqdm(total=sum(map(len, prompts_by_family.values())) * args.repeats * (len(rows) + 1),
+               desc=f"{len(next(iter(prompts_by_family.values()))[0])}-token prompts")
+    for family, prompts in prompts_by_family.items():
+        runs = {name: [] for name in ("greedy", *rows)}
+        for i, ids in enumerate(prompts):
+            for rep in range(args.repeats):
+                order = ["greedy", *rows][rep % (len(rows) + 1):] + ["greedy", *rows][:rep % (len(rows) + 1)]
+                for name in order:
+                    bar.update()
+                    seed = args.seed + 1000 * i + rep
+                    if name == "greedy":
+                        toks, secs = plain_decode(pair.target, ids, args.max_new_tokens, eos, args.temperature, seed)
+                        runs[name].append((toks, secs, [], len(ids)))
+                        continue
+                    dec = SpeculativeDecoder.for_pair(pair, layout, Decoding(k, args.temperature, seed=seed,
+                                                                             draft_step=steps, verify_step=steps))
+                    dec.reset(ids, args.max_new_tokens)
+                    t = time.perf_counter()
+                    records = list(dec.rounds(rows[name].act))
+                    runs[name].append((dec.result.tokens, time.perf_counter() - t, records, len(ids)))
+        out[family] = {name: summarize(r, costs) for name, r in runs.items()}
+        if args.temperature == 0:
+            out[family]["same_output"] = {n: [x[0] for x in r] == [x[0] for x in runs["greedy"]]
+                                          for n, r in runs.items()}
+        for name, r in runs.items():
+            tok, sec = totals.get(name, (0, 0.0))
+            totals[name] = (tok + sum(len(x[0]) - 1 for x in r), sec + sum(x[1] for x in r))
+    bar.close()
+    out["all"] = {name: {"tokens_per_s": tok / sec} for name, (tok, sec) in totals.items()}
+    return out
+
+
+def summarize(runs: list, costs) -> dict:
+    """A row's decode-only tokens/s (the first token comes with the prefill), AL over drafting rounds, refreshes per
+    1K tokens, the share of rounds at each k, and the tokens/s its cost model gives for the same rounds (plain
+    decoding: one plain step per token)."""
+    tokens = sum(len(t) - 1 for t, _, _, _ in runs)
+    seconds = sum(s for _, s, _, _ in runs)
+    row = {"tokens_per_s": tokens / seconds}
+    rounds = [(r, n) for _, _, recs, n in runs for r in recs]
+    if not rounds:
+        modelled = sum(costs.verify(1, n + i) for t, _, _, n in runs for i in range(1, len(t)))
+        return {**row, "modelled_tokens_per_s": tokens / modelled}
+    drafting = [r for r, _ in rounds if r.draft_length]
+    ks = Counter(r.draft_length for r, _ in rounds)
+    modelled = sum(costs.round_seconds(r.draft_length, r.refreshed, n + r.position) for r, n in rounds)
+    return {**row, "acceptance_length": sum(r.accepted + 1 for r in drafting) / max(len(drafting), 1),
+            "refreshes_per_1k": 1000 * sum(r.refreshed for r, _ in rounds) / tokens,
+            "k_share": {int(k): round(n / len(rounds), 4) for k, n in sorted(ks.items())},
+            "modelled_tokens_per_s": tokens / modelled}
+
+
+__all__ = ["ROWS", "FixedJoint", "add_controller_options", "bench_controller", "plain_decode", "rows_of"]

@@ -1,0 +1,164 @@
+"""What a round costs in seconds as a function of what it does and where: measured once per machine and model pair.
+
+A round that drafts k tokens at context length L (prompt + generated) and refreshes or not costs
+
+    k * draft_s(L) + verify_s(k + 1, L) + refresh_s(L) * [refreshed]
+
+(k = 0 is a plain target step: verify_s(1, L)). ``measure_round_costs`` runs real rounds of the decoder at a few
+context lengths and draft lengths and keeps the medians of their phase times; between measured points the model
+interpolates linearly (and extends the last segment's line beyond them). The machine it was measured on is stored
+with it: a controller that learned one machine's costs says so when it runs on another (:meth:`RoundCosts.check`).
+"""
+
+from __future__ import annotations
+
+import platform
+import warnings
+from dataclasses import asdict, dataclass, field
+from statistics import median
+
+import numpy as np
+import torch
+
+
+def machine() -> dict:
+    """What a round's costs depend on besides the models: processor, threads, accelerator, torch version."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"cpu": cpu, "threads": torch.get_num_threads(), "gpu": gpu, "torch": torch.__version__}
+
+
+@dataclass(frozen=True)
+class RoundCosts:
+    lengths: tuple[int, ...]  # context lengths measured (tokens)
+    blocks: tuple[int, ...]  # verify widths measured (k + 1)
+    verify_s: tuple[tuple[float, ...], ...]  # [length][block]: the target's verify and both caches' rollback
+    draft_s: tuple[float, ...]  # [length]: one draft token on the compressed cache
+    refresh_s: tuple[float, ...]  # [length]: one rescoring of the draft cache
+    budget: int  # the draft cache's budget they were measured at
+    steps: str = "model"  # the draft and verify steps they were measured with ("model", "static", "compiled")
+    machine: dict = field(default_factory=machine)
+
+    def __post_init__(self):
+        lengths, blocks = list(self.lengths), list(self.blocks)
+        if len(lengths) < 1 or lengths != sorted(set(lengths)) or len(blocks) < 2 or blocks != sorted(set(blocks)):
+            raise ValueError(f"RoundCosts: lengths and blocks must be increasing (>= 1 length, >= 2 blocks), got "
+                             f"{lengths} and {blocks}")
+        grid = np.asarray(self.verify_s, dtype=np.float64)
+        for name, x, shape in (("verify_s", grid, (len(lengths), len(blocks))),
+                               ("draft_s", np.asarray(self.draft_s, dtype=np.float64), (len(lengths),)),
+                               ("refresh_s", np.asarray(self.refresh_s, dtype=np.float64), (len(lengths),))):
+            if x.shape != shape or not np.isfinite(x).all() or (x < 0).any():
+                raise ValueError(f"RoundCosts.{name} must hold {shape} finite seconds >= 0, got shape {x.shape}")
+
+    # --- the model -----------------------------------------------------------------------------------------------
+    def verify(self, q: int, context: float) -> float:
+        by_length = [_line(self.blocks, row, q) for row in self.verify_s]
+        return max(_line(self.lengths, by_length, context), 1e-6)
+
+    def draft(self, context: float) -> float:
+        return max(_line(self.lengths, self.draft_s, context), 0.0)
+
+    def refresh(self, context: float) -> float:
+        return max(_line(self.lengths, self.refresh_s, context), 0.0)
+
+    def round_seconds(self, draft_length: int, refreshed: bool, context: float) -> float:
+        return (draft_length * self.draft(context) + self.verify(draft_length + 1, context)
+                + (self.refresh(context) if refreshed else 0.0))
+
+    def features(self, context: float, k_max: int) -> list[float]:
+        """What a joint controller reads of the costs at ``context``, in plain target steps: a draft token, the verify
+        of k_max drafts beyond a plain step's (per draft), and a refresh."""
+        plain = self.verify(1, context)
+        return [self.draft(context) / plain, (self.verify(k_max + 1, context) - plain) / (k_max * plain),
+                self.refresh(context) / plain]
+
+    # --- files ---------------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        return {**d, "lengths": list(self.lengths), "blocks": list(self.blocks),
+                "verify_s": [list(map(float, r)) for r in self.verify_s], "draft_s": list(map(float, self.draft_s)),
+                "refresh_s": list(map(float, self.refresh_s))}
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "the cost model") -> "RoundCosts":
+        try:
+            return cls(tuple(int(x) for x in d["lengths"]), tuple(int(x) for x in d["blocks"]),
+                       tuple(tuple(float(x) for x in r) for r in d["verify_s"]),
+                       tuple(float(x) for x in d["draft_s"]), tuple(float(x) for x in d["refresh_s"]),
+                       int(d["budget"]), str(d.get("steps", "model")), dict(d.get("machine") or {}))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{where}: not a round-cost model ({type(e).__name__}: {e})") from None
+
+    def check(self, budget: int | None = None, steps: str | None = None, where: str = "this controller") -> list[str]:
+        """The ways the decoder about to run differs from what these costs measured, each warned once (a controller
+        still runs: its decisions are just priced for another machine)."""
+        now, notes = machine(), []
+        diff = [f"{k} {self.machine.get(k)!r} -> {now[k]!r}" for k in now if self.machine.get(k) != now[k]]
+        if diff:
+            notes.append(f"{where} learned the round costs of another machine ({'; '.join(diff)}): measure this "
+                         "one's (train_controller.py --joint) for decisions priced here")
+        if budget is not None and budget != self.budget:
+            notes.append(f"{where}'s costs were measured at budget {self.budget}, not {budget}")
+        if steps is not None and steps != self.steps:
+            notes.append(f"{where}'s costs were measured with {self.steps!r} steps, not {steps!r}")
+        for n in notes:
+            warnings.warn(n, stacklevel=2)
+        return notes
+
+
+def _line(xs, ys, x: float) -> float:
+    """Piecewise-linear through (xs, ys), extended by the end segments' lines (one point: constant)."""
+    xs, ys = list(xs), [float(y) for y in ys]
+    if len(xs) == 1:
+        return ys[0]
+    i = min(max(int(np.searchsorted(xs, x)) - 1, 0), len(xs) - 2)
+    t = (x - xs[i]) / (xs[i + 1] - xs[i])
+    return ys[i] + t * (ys[i + 1] - ys[i])
+
+
+def measure_round_costs(decoder, prompts: dict[int, list[int]], draft_lengths=(0, 1, 2, 3, 5, 8, 11),
+                        repeats: int = 8, seed: int = 0, progress: bool = False) -> RoundCosts:
+    """Run real rounds of ``decoder`` (its layout must refresh) on ``prompts`` (context length -> prompt ids): at each
+    length, ``repeats`` rounds at every draft length in ``draft_lengths`` (0 included: a plain target step), in a
+    shuffled order (so a slow spell of the machine falls on every k alike), every fourth one refreshing, after one
+    warm-up round. Each phase's median is the model; a wider verify never costs less than a narrower one (the
+    medians of a few rounds jitter by more than a block's difference on a busy CPU: the running maximum over widths
+    is kept)."""
+    from tqdm.auto import tqdm
+
+    if not decoder.layout.refreshable:
+        raise ValueError(f"measuring refresh costs needs a draft cache that refreshes, not {decoder.layout.describe()}")
+    ks = sorted(set(int(k) for k in draft_lengths) | {0})
+    if max(ks) > decoder.k or len(ks) < 2:
+        raise ValueError(f"draft lengths {ks} must include one >= 1 and stay <= the decoder's k ({decoder.k})")
+    order = [k for k in ks for _ in range(repeats)]
+    np.random.default_rng(seed).shuffle(order)
+    need = sum(k + 1 for k in order) + max(ks) + 2
+    lengths, verify, draft, refresh = sorted(prompts), [], [], []
+    for length in tqdm(lengths, desc="round costs", disable=not progress):
+        decoder.reset(prompts[length], need)
+        decoder.step(True, max(ks))  # warm-up: first-call allocations are not a round's cost
+        times, drafts, refreshes = {k: [] for k in ks}, [], []
+        for i, k in enumerate(order):
+            if decoder.done:
+                raise ValueError(f"measuring round costs: the generation at {length} tokens ended early (an EOS): "
+                                 "give a prompt that continues")
+            rec = decoder.step(k > 0 and i % 4 == 0, k)
+            times[k].append(rec.verify_seconds + rec.rollback_seconds)
+            if rec.draft_length:
+                drafts.append(rec.draft_seconds / rec.draft_length)
+            if rec.refreshed:
+                refreshes.append(rec.refresh_seconds)
+        verify.append(tuple(np.maximum.accumulate([median(times[k]) for k in ks]).tolist()))
+        draft.append(median(drafts))
+        refresh.append(median(refreshes))
+    steps = decoder.verify_step if decoder.verify_step == decoder.draft_step else (
+        f"{decoder.draft_step}/{decoder.verify_step}")
+    return RoundCosts(tuple(lengths), tuple(k + 1 for k in ks), tuple(verify), tuple(draft), tuple(refresh),
+                      decoder.layout.budget, steps)

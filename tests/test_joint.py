@@ -1,0 +1,232 @@
+"""Joint controllers (rift_ada.joint): each round's refresh and draft length (0: a plain target step), priced by round
+costs measured on the machine; learned on replay (trainers/joint.py, ``train_controller.py --joint``), run by the
+decoder, ``evaluate``, ``rift_generate`` and the bench, lossless at every k they choose."""
+
+import json
+import warnings
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+from rift_ada.evaluate import decode
+from rift_ada.joint import (FixedJoint, JointController, JointPolicy, RoundCosts, actions, check_joint,
+                            measure_round_costs)
+from rift_ada.layout import CacheLayout
+from rift_ada.models import greedy_reference
+from rift_ada.refresh.loader import load_controller
+from rift_ada.speculative import Decoding, SpeculativeDecoder
+from tests.conftest import cached_testbed_pair, script_module
+from tests.test_replay import table
+
+COSTS = RoundCosts((256, 1024), (1, 2, 4), ((0.010, 0.014, 0.016), (0.020, 0.026, 0.030)), (0.002, 0.003),
+                   (0.004, 0.012), 64, "model")
+LAYOUT = CacheLayout("rift", budget=64, refresh_grid=4)
+
+
+def prompt(family: str = "low", tokens: int = 512, seed: int = 0) -> list[int]:
+    from rift_ada.data import build_tasks, encode
+
+    pair = cached_testbed_pair("testbed")
+    return encode(pair.tokenizer, build_tasks(pair.tokenizer, family, n=1, input_tokens=tokens, seed=seed)[0].prompt)
+
+
+def test_round_costs_interpolate_extend_round_trip_and_say_where_they_were_measured():
+    c = COSTS
+    assert c.verify(1, 256) == pytest.approx(0.010) and c.verify(1, 640) == pytest.approx(0.015)
+    assert c.verify(3, 256) == pytest.approx(0.015)  # between the measured widths 2 and 4
+    assert c.verify(1, 1792) == pytest.approx(0.030)  # the last segment's line, extended
+    assert c.round_seconds(3, True, 256) == pytest.approx(3 * 0.002 + 0.016 + 0.004)
+    assert c.round_seconds(0, False, 1024) == pytest.approx(0.020)  # a plain target step
+    assert RoundCosts.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    with pytest.raises(ValueError, match="not a round-cost model"):
+        RoundCosts.from_dict({"lengths": [1]}, "f.pt")
+    with pytest.raises(ValueError, match="increasing"):
+        replace(c, lengths=(1024, 256))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert c.check(budget=64, steps="model") == []
+    with pytest.warns(UserWarning, match="another machine.*cpu 'elsewhere'"):
+        replace(c, machine={**c.machine, "cpu": "elsewhere"}).check()
+    with pytest.warns(UserWarning, match="budget 64, not 128"):
+        c.check(budget=128)
+
+
+def test_measured_costs_come_from_real_rounds():
+    pair = cached_testbed_pair("testbed")
+    dec = SpeculativeDecoder.for_pair(pair, LAYOUT, Decoding(4, draft_step="static", verify_step="static"))
+    c = measure_round_costs(dec, {512: prompt(tokens=512), 1024: prompt(tokens=1024)}, (0, 2, 4), repeats=3)
+    assert c.lengths == (512, 1024) and c.blocks == (1, 3, 5) and c.budget == 64 and c.steps == "static"
+    assert all(np.all(np.diff(row) >= 0) for row in c.verify_s)  # a wider verify never costs less
+    assert min(c.draft_s) > 0 and min(c.refresh_s) > 0 and c.machine["threads"] >= 1
+    with pytest.raises(ValueError, match="stay <= the decoder's k"):
+        measure_round_costs(dec, {512: prompt(tokens=512)}, (0, 8))
+
+
+class RandomJoint(JointController):
+    """Every (refresh, k) choice at random: the lossless check's adversary."""
+
+    def __init__(self, choices, seed=0):
+        self.choices, self.rng = choices, np.random.default_rng(seed)
+
+    @property
+    def k_max(self):
+        return max(k for _, k in self.choices)
+
+    def act(self, state):
+        return self.choices[int(self.rng.integers(len(self.choices)))]
+
+
+@pytest.mark.parametrize("step", ["model", "static"])
+def test_greedy_is_lossless_with_a_joint_controller_at_every_k_it_chooses(step):
+    pair = cached_testbed_pair("testbed")
+    dec = SpeculativeDecoder.for_pair(pair, LAYOUT, Decoding(4, draft_step=step, verify_step=step))
+    ids = prompt("sort")
+    ref = greedy_reference(pair.target, ids, 64, pair.tokenizer.eos_token_id)
+    res = decode(dec, ids, 64, RandomJoint(actions((0, 1, 2, 3, 4))))
+    assert res.tokens == ref
+    assert {r.draft_length for r in res.rounds} >= {0, 1, 2, 3, 4} and any(r.refreshed for r in res.rounds)
+    with pytest.raises(ValueError, match="drafts up to 8 tokens a round, more than the decoder's draft length k = 4"):
+        check_joint(FixedJoint(8, None), dec)
+
+
+def test_plain_steps_leave_the_acceptance_signals_to_drafting_rounds():
+    """A k = 0 round says nothing about the draft: the acceptance history and its long memory skip it, in the decoder
+    and in its replay alike; the draft's read-ahead and drift stay as they were (nothing was fed to it)."""
+    pair = cached_testbed_pair("testbed")
+    dec = SpeculativeDecoder.for_pair(pair, LAYOUT, Decoding(4))
+    dec.reset(prompt(), 32)
+    first = dec.step(False, 4)
+    before = dec.state
+    dec.step(False, 0)
+    after = dec.state
+    assert after.acceptance == before.acceptance == (first.accepted / 4,)
+    assert (after.drafted_total, after.accepted_total) == (4, first.accepted) and after.since_draft == 1
+    assert (after.runway, after.focus, after.drift) == (before.runway, before.focus, before.drift)
+    from rift_ada.replay.process import Replay
+
+    r = Replay(table(0), 4)
+    r.reset()
+    rec = r.step(False, 4)
+    r.step(False, 0)
+    assert r.state.acceptance == (rec.accepted / 4,) and r.state.since_draft == 1 and r.state.drafted_total == 4
+
+
+def test_the_joint_env_prices_rounds_by_the_costs_and_passes_gymnasium_checks():
+    from rift_ada.envs.joint_env import JointReplayEnv
+
+    env = JointReplayEnv([table(0, temperature=1.0)], COSTS, (0, 1, 2, 4))
+    check_env(env, skip_render_check=True)
+    assert env.action_space.n == len(actions((0, 1, 2, 4))) == 7
+
+    def episode(seed):
+        env.reset(seed=seed, options={"context": 512})
+        rng, done, out = np.random.default_rng(seed), False, []
+        while not done:
+            _, reward, done, _, info = env.step(int(rng.integers(env.action_space.n)))
+            out.append((reward, info["emitted"], info["seconds"], info["draft_length"]))
+        return out
+
+    run = episode(3)
+    assert run == episode(3), "a seed fixes the episode (acceptance coin flips included)"
+    rewards, emitted, seconds, ks = map(np.array, zip(*run))
+    np.testing.assert_allclose(rewards, emitted - seconds / COSTS.verify(1, 512))
+    assert set(ks) >= {0, 1, 2, 4}
+    with pytest.raises(ValueError, match="action must be in 0..6"):
+        env.step(7)
+
+
+def test_the_live_joint_env_gives_the_replay_env_rewards_round_for_round():
+    """Greedy, never refreshing, the replay is the decoder's rounds exactly (tests/test_replay.py): so the live env,
+    priced by the same costs, gives the same rewards at the same actions, at every k."""
+    from rift_ada.envs.joint_env import JointRefreshEnv, JointReplayEnv
+    from tests.test_replay import NEW, prompts, shipped_pair
+
+    lengths = (0, 1, 2, 4)
+    live = JointRefreshEnv(SpeculativeDecoder.for_pair(shipped_pair(), LAYOUT, Decoding(4)), [list(prompts()[0])],
+                           COSTS, lengths, NEW)
+    replayed = JointReplayEnv([table(0, shipped=True)], COSTS, lengths)
+    check_env(live, skip_render_check=True)
+    plain = [i for i, (refresh, _) in enumerate(live.choices) if not refresh]
+    o1, _ = live.reset(seed=0)
+    o2, _ = replayed.reset(seed=0, options={"context": len(prompts()[0])})
+    done, steps = False, 0
+    while not done:
+        a = plain[steps % len(plain)]
+        o1, r1, done, _, i1 = live.step(a)
+        o2, r2, done2, _, i2 = replayed.step(a)
+        assert (r1, i1["emitted"], done) == pytest.approx((r2, i2["emitted"], done2)), steps
+        steps += 1
+    assert steps > 10
+
+
+@pytest.fixture(scope="module")
+def joint_run(tmp_path_factory):
+    """A real, small ``train_controller.py --joint``: tables, measured costs, baselines, the gain family (DAgger) and
+    PPO from its clone, exported."""
+    out = tmp_path_factory.mktemp("joint")
+    argv = ["--joint", "--joint-lengths", "512", "1024", "--draft-lengths", "0", "2", "4", "--draft-length", "4",
+            "--joint-timesteps", "1024", "--train-sources", "stdlib", "--prompts-per-source", "2",
+            "--eval-prompts", "1", "--input-tokens", "512", "--max-new-tokens", "48", "--train-new-tokens", "48",
+            "--budget", "64", "--task", "low,high", "--workers", "1", "--wandb-mode", "offline",
+            "--output-dir", str(out)]
+    assert script_module("train_controller").main(argv) == 0
+    return out, argv
+
+
+def test_the_joint_job_exports_one_file_per_family_with_its_costs_and_baselines(joint_run, capsys):
+    out, argv = joint_run
+    summary = json.loads((out / "joint.json").read_text())
+    assert set(summary["heldout_modelled"]) == {"greedy", "best_fixed", "length_table", "gain", "ppo"}
+    assert summary["costs"]["lengths"] == [512, 1024] and summary["costs"]["blocks"] == [1, 3, 5]
+    for family in ("gain", "ppo"):
+        c = load_controller(out / f"controller-joint-{family}.pt")
+        assert isinstance(c, JointPolicy) and c.family == family and c.k_max == 4
+        assert c.baselines["best_fixed"]["kind"] == "fixed" and c.layout["budget"] == 64
+        assert c.costs == RoundCosts.from_dict(summary["costs"])
+    assert list((out / "wandb").glob("offline-run-*"))
+    assert script_module("train_controller").main(argv + ["--resume"]) == 0  # a finished run: nothing to redo
+    assert "holds a finished run" in capsys.readouterr().out
+
+
+def test_trained_joint_controllers_are_lossless_in_decode_and_rift_generate(joint_run):
+    import torch
+
+    from rift_ada.hf import rift_generate
+
+    out, _ = joint_run
+    pair = cached_testbed_pair("testbed")
+    ids = prompt("low", seed=5)
+    eos = pair.tokenizer.eos_token_id
+    ref = greedy_reference(pair.target, ids, 48, eos)
+    for family in ("gain", "ppo"):
+        c = load_controller(out / f"controller-joint-{family}.pt")
+        dec = SpeculativeDecoder.for_pair(pair, c.cache_layout(), Decoding(4))
+        assert decode(dec, ids, 48, c).tokens == ref
+    x = torch.tensor([ids])
+    got = pair.target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=48, do_sample=False,
+                               assistant_model=pair.draft, custom_generate=rift_generate, rift_budget=64,
+                               rift_policy="rift-ada", rift_controller=str(out / "controller-joint-ppo.pt"),
+                               rift_draft_length=4, pad_token_id=eos, eos_token_id=eos)
+    assert got[0, len(ids):].tolist() == ref
+
+
+def test_the_bench_compares_the_controller_with_greedy_and_the_fixed_settings(joint_run, tmp_path):
+    out, _ = joint_run
+    bench = script_module("bench_decode")
+    report = tmp_path / "bench.json"
+    argv = ["--controller", str(out / "controller-joint-gain.pt"), "--lengths", "512", "--prompts", "1",
+            "--max-new-tokens", "24", "--repeats", "1", "--task", "low,high", "--temperature", "0",
+            "--output", str(report)]
+    assert bench.main(argv) == 0
+    r = json.loads(report.read_text())
+    assert r["best_fixed"].startswith(("k=", "speculate-never")) and r["costs"]["budget"] == 64
+    (row,) = r["lengths"]
+    for family in ("low", "high", "all"):
+        assert {"greedy", "best_fixed", "length_table", "joint"} <= set(row[family])
+        assert all(v["tokens_per_s"] > 0 for k, v in row[family].items() if k != "same_output")
+    for family in ("low", "high"):
+        assert all(row[family]["same_output"].values()), row[family]["same_output"]
+        assert sum(row[family]["joint"]["k_share"].values()) == pytest.approx(1.0)
+    assert bench.main(argv[:-2] + ["--task", "nope"]) == 2

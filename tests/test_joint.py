@@ -230,3 +230,12 @@ def test_the_bench_compares_the_controller_with_greedy_and_the_fixed_settings(jo
         assert all(row[family]["same_output"].values()), row[family]["same_output"]
         assert sum(row[family]["joint"]["k_share"].values()) == pytest.approx(1.0)
     assert bench.main(argv[:-2] + ["--task", "nope"]) == 2
+
+
+def test_joint_options_are_checked_with_joint_only(capsys):
+    train_controller = script_module("train_controller")
+    assert train_controller.parse_args(["--draft-length", "4"]).output_dir == "runs/controller"  # refresh-only job
+    assert train_controller.parse_args(["--joint"]).output_dir == "runs/joint"
+    with pytest.raises(SystemExit):
+        train_controller.parse_args(["--joint", "--draft-length", "4"])  # the default set drafts up to 11
+    assert "--draft-lengths must be integers in 0..--draft-length (4)" in capsys.readouterr().err

@@ -212,7 +212,10 @@ def add_joint_options(parser) -> None:
 
 
 def check_joint_args(args) -> None:
-    """ValueError (one line) for joint options no run can use."""
+    """ValueError (one line) for joint options no run can use (checked with --joint only: the refresh-only job's
+    --draft-length may be below the joint default set's largest k)."""
+    if not args.joint:
+        return
     if min(args.draft_lengths) < 0 or max(args.draft_lengths) < 1 or max(args.draft_lengths) > args.draft_length:
         raise ValueError(f"--draft-lengths must be integers in 0..--draft-length ({args.draft_length}), one >= 1; got "
                          f"{args.draft_lengths}")

@@ -40,3 +40,19 @@ def test_every_mutation_still_applies():
     res = subprocess.run([sys.executable, str(ROOT / "experiments" / "mutation_check.py"), "--check"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_every_package_folder_is_installed():
+    """A folder with an ``__init__.py`` missing from pyproject's package list imports from a checkout and is absent
+    from an installed wheel (rift_ada.joint once was)."""
+    import tomllib
+
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    dirs = {v: k for k, v in setup["package-dir"].items()}
+    found = set()
+    for init in (ROOT / "rift_ada").rglob("__init__.py"):
+        found.add(".".join(init.parent.relative_to(ROOT).parts))
+    for top, name in dirs.items():
+        for init in (ROOT / top).rglob("__init__.py"):
+            found.add(".".join((name, *init.parent.relative_to(ROOT / top).parts)))
+    assert found - set(setup["packages"]) == set(), sorted(found - set(setup["packages"]))

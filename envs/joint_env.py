@@ -6,9 +6,10 @@ signals, the tokens since the last drafting round, and the round costs at the cu
 steps). The reward is the time one: a round's emitted tokens less its modelled seconds in plain target steps at the
 episode's context (``RoundCosts``), i.e. the tokens it gained over greedy decoding. An episode's tokens are fixed
 (one table's continuation), so the return is that many tokens less the episode's time: the policy that maximises it
-maximises tokens per second. Each episode prices its table at a context length drawn from ``contexts`` (default:
-the costs' measured range), so one set of tables teaches every length the costs cover. ``JointRefreshEnv`` is the
-same environment over the real decoder (one round of both models per step), priced by the same costs.
+maximises tokens per second. Each episode is priced at its own table's prompt length: a table built at 1K does not
+teach 4K (long prompts accept differently; docs/joint.md), so the tables should span the lengths the controller will
+meet. ``JointRefreshEnv`` is the same environment over the real decoder (one round of both models per step), priced
+by the same costs.
 """
 
 from __future__ import annotations
@@ -30,8 +31,7 @@ from .replay_env import check_same_settings
 class JointReplayEnv(gym.Env):
     metadata = {"render_modes": []}
 
-    def __init__(self, tables: Sequence[ReplayTable], costs: RoundCosts, draft_lengths=DRAFT_LENGTHS,
-                 contexts: tuple[int, int] | None = None):
+    def __init__(self, tables: Sequence[ReplayTable], costs: RoundCosts, draft_lengths=DRAFT_LENGTHS):
         super().__init__()
         if not tables:
             raise ValueError("JointReplayEnv needs at least one replay table")
@@ -42,7 +42,6 @@ class JointReplayEnv(gym.Env):
             raise ValueError("the draft lengths must include one >= 1")
         self.tables, self.costs = list(tables), costs
         self.replays = [Replay(t, self.k_max) for t in self.tables]
-        self.contexts = contexts or (min(costs.lengths), max(costs.lengths))
         self.action_space = gym.spaces.Discrete(len(self.choices))
         low = np.zeros(len(NAMES), dtype=np.float32)
         self.observation_space = gym.spaces.Box(low, np.full(len(NAMES), np.inf, np.float32), dtype=np.float32)
@@ -53,12 +52,12 @@ class JointReplayEnv(gym.Env):
         options = options or {}
         i = options.get("table_index")
         i = int(self.np_random.integers(len(self.tables))) if i is None else i
-        lo, hi = self.contexts
-        context = options.get("context") or int(self.np_random.integers(lo, hi + 1))
-        self.table_index, self.replay, self.context = i, self.replays[i], context
-        self.replay.reset(self.np_random, prompt_tokens=context)
-        self.plain_s = self.costs.verify(1, context)
-        return self._observe(), {"context": context, "table_index": i}
+        self.table_index, self.replay = i, self.replays[i]
+        # options["context"]: price the table at another prompt length (tests compare with a live decoder)
+        self.replay.reset(self.np_random, prompt_tokens=options.get("context"))
+        self.context = self.replay.prompt_tokens
+        self.plain_s = self.costs.verify(1, self.context)
+        return self._observe(), {"context": self.context, "table_index": i}
 
     def step(self, action):
         if not self.action_space.contains(int(action)):

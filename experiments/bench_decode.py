@@ -36,7 +36,7 @@ import json
 import sys
 
 from rift_ada.bench import (add_benchmark_options, compiled_graphs, compiled_greedy, draft_ms_per_step, generate_path,
-                            greedy_on_static_cache, prepare_run, time_hf_assisted, timed, verify_ms_per_round, warm_up)
+                            plain_decode, prepare_run, time_hf_assisted, timed, verify_ms_per_round, warm_up)
 from rift_ada.cli import ArgumentParser, add_model_options, add_runtime_options, fail, require_positive, write_output
 from rift_ada.joint.bench import add_controller_options, check_controller_args
 
@@ -127,7 +127,7 @@ def bench_length(pair, length: int, prompts: list, args) -> dict:
                            "rift_dyn": after_first / round_time["rift_ada_dyn"]["round_seconds"],
                            "hf_assisted": after_first / max(hf["hf_assisted"][1] - t_prefill - t_draft_prefill, 1e-9)}
     try:
-        static_greedy = [greedy_on_static_cache(pair.target, ids, args.max_new_tokens, eos) for ids in prompts]
+        static_greedy = [plain_decode(pair.target, ids, args.max_new_tokens, eos) for ids in prompts]
         row["tokens_per_s"]["greedy_static"] = after_first / sum(t for _, t in static_greedy)
         row["same_output"]["greedy_static"] = [toks for toks, _ in static_greedy] == plain
     except UnsupportedModelError as e:  # a target rift_ada.static does not run: no such row

@@ -99,23 +99,28 @@ def time_hf_assisted(target, draft, prompts: list, max_new_tokens: int, k: int, 
 
 
 @torch.inference_mode()
-def greedy_on_static_cache(target, ids: list[int], new_tokens: int, eos: int | None) -> tuple[list[int], float]:
-    """Plain greedy decoding of the target, one token per forward on ``rift_ada.static``'s static cache (eager): the
-    greedy baseline without transformers' per-step cache concatenation. (tokens, decode seconds after the first
-    token)."""
+def plain_decode(target, ids: list[int], new_tokens: int, eos: int | None, temperature: float = 0.0,
+                 seed: int = 0) -> tuple[list[int], float]:
+    """The target alone, one token per forward on ``rift_ada.static``'s static cache (eager): the speculate-never
+    baseline without transformers' per-step cache concatenation; greedy at temperature 0, else sampled (the
+    decoder's ``sampling_probs``, seeded). (tokens, decode seconds after the first token)."""
     from transformers import DynamicCache
 
+    from .rounds import sample, sampling_probs
     from .static import StaticKV, StaticVerify
 
+    g = torch.Generator(device=target.device).manual_seed(seed)
     x = torch.tensor([ids], device=target.device)
     cache = DynamicCache(config=target.config)
-    token = int(target(x, cache=cache, logits_to_keep=1).logits[0, -1].argmax())
+    logits = target(x, cache=cache, logits_to_keep=1).logits[0, -1]
+    token = sample(sampling_probs(logits, temperature), logits, g)
     cache, step, tokens = StaticKV(cache, len(ids) + new_tokens + 1), StaticVerify(target, 1), [token]
     t = time.perf_counter()
     while len(tokens) < new_tokens and token != eos:
-        token = int(step(cache, [token])[-1].argmax())
+        logits = step(cache, [token])[-1]
+        token = sample(sampling_probs(logits, temperature), logits, g)
         tokens.append(token)
-    if torch.cuda.is_available():
+    if target.device.type == "cuda":
         torch.cuda.synchronize()
     return tokens, time.perf_counter() - t
 

@@ -64,13 +64,18 @@ class CostModel:
         return cls(float(d["draft_step_s"]), float(d["verify_s"]), float(d["refresh_s"]))
 
 
+def check_refreshable(layout) -> None:
+    """ValueError (one line) unless ``layout``'s draft cache refreshes: a refresh cannot be timed otherwise."""
+    if not layout.refreshable:
+        raise ValueError(f"measuring refresh costs needs a draft cache that refreshes, not {layout.describe()}")
+
+
 def measure_costs(decoder: SpeculativeDecoder, prompt: Sequence[int], max_new_tokens: int = 128,
                   refresh_every: int = 2, min_rounds: int = 6) -> CostModel:
     """Decode ``prompt`` once with ``decoder`` (it is reset; its layout must refresh), refreshing every
     ``refresh_every``-th round, and take the medians of the rounds' phase times (see the module docstring).
     ValueError (one line) when the generation gives fewer than ``min_rounds`` rounds, or none that refreshed."""
-    if not decoder.layout.refreshable:
-        raise ValueError(f"measuring refresh costs needs a draft cache that refreshes, not {decoder.layout.describe()}")
+    check_refreshable(decoder.layout)
     if refresh_every < 1:
         raise ValueError(f"refresh_every must be >= 1, got {refresh_every}")
     decoder.reset(list(prompt), max_new_tokens)

@@ -85,16 +85,11 @@ def acceptance(accepted: int, draft_length: int) -> float:
     return accepted / draft_length if draft_length else 1.0
 
 
-def recent_acceptance(rounds) -> tuple[float, ...]:
-    """``acceptance`` of the last HISTORY rounds that drafted (records with ``accepted`` and ``draft_length``), most
-    recent first."""
-    out = []
-    for r in reversed(rounds):
-        if r.draft_length:
-            out.append(r.accepted / r.draft_length)
-            if len(out) == HISTORY:
-                break
-    return tuple(out)
+def recent_after(recent: tuple[float, ...], accepted: int, draft_length: int) -> tuple[float, ...]:
+    """The ``acceptance`` of the last HISTORY rounds that drafted, most recent first, once a round is over: a drafting
+    round's in front, a plain step (``draft_length`` 0) leaves it. The one update rule of the decoder and its replay
+    (kept round by round: rescanning the rounds would cost the length of a long plain stretch every round)."""
+    return (accepted / draft_length, *recent[:HISTORY - 1]) if draft_length else recent
 
 
 def since_refresh_after(count: int, refreshed: bool, emitted: int) -> int:

@@ -36,7 +36,7 @@ from .layout import CacheLayout
 from .models import check_vocab
 from .recurrent import TargetStates
 from .rounds import accept, cut_at_eos, draft_count, entropy, sample, sampling_probs
-from .signals import FRESH, RUNWAY_CAP, DecoderState, acceptance, recent_acceptance, since_refresh_after
+from .signals import FRESH, RUNWAY_CAP, DecoderState, acceptance, recent_after, since_refresh_after
 from .static import StaticKV, static_steps
 
 
@@ -245,6 +245,7 @@ class SpeculativeDecoder:
         self.tokens_since_refresh = 0
         self._fresh: list[float] = []  # accepted / k of the first rounds after the last scoring (signals.FRESH)
         self._since_draft = 0  # tokens emitted by plain target steps (k = 0) since the last drafting round
+        self._recent: tuple[float, ...] = ()  # signals.recent_after
         self._drafted = self._accepted = 0  # draft tokens proposed and accepted so far
         self._drift_floor = None  # the drift published right after the last scoring
         self.done = first == self.eos_token_id or max_new_tokens <= 1
@@ -347,6 +348,7 @@ class SpeculativeDecoder:
         if len(self._fresh) < FRESH and record.draft_length:
             self._fresh.append(acceptance(record.accepted, record.draft_length))
         self._since_draft = 0 if record.draft_length else self._since_draft + record.emitted
+        self._recent = recent_after(self._recent, record.accepted, record.draft_length)
         self._drafted, self._accepted = self._drafted + record.draft_length, self._accepted + record.accepted
         # A plain target step feeds the draft nothing: its cache, hence its read-ahead and drift, are as they were.
         self.state = self._state(reuse=not record.draft_length and not record.refreshed)
@@ -364,7 +366,7 @@ class SpeculativeDecoder:
         return DecoderState(
             generated=len(self.result.tokens), max_new_tokens=self.max_new_tokens, rounds=len(rounds),
             tokens_since_refresh=self.tokens_since_refresh, drift=drift,
-            acceptance=recent_acceptance(rounds),
+            acceptance=self._recent,
             entropy_mean=last.entropy_mean if last else 0.0, entropy_max=last.entropy_max if last else 0.0,
             vocab_size=self.draft.config.vocab_size, runway=runway, focus=focus, fresh=tuple(self._fresh),
             drift_floor=self._drift_floor, prompt_tokens=self.prompt_len, since_draft=self._since_draft,

@@ -130,6 +130,8 @@ def test_the_joint_env_prices_rounds_by_the_costs_and_passes_gymnasium_checks():
 
     run = episode(3)
     assert run == episode(3), "a seed fixes the episode (acceptance coin flips included)"
+    _, info = env.reset(seed=3)
+    assert info["context"] == env.tables[0].prompt_len, "an episode is priced at its own table's length"
     rewards, emitted, seconds, ks = map(np.array, zip(*run))
     np.testing.assert_allclose(rewards, emitted - seconds / COSTS.verify(1, 512))
     assert set(ks) >= {0, 1, 2, 4}
@@ -180,6 +182,10 @@ def test_the_joint_job_exports_one_file_per_family_with_its_costs_and_baselines(
     summary = json.loads((out / "joint.json").read_text())
     assert set(summary["heldout_modelled"]) == {"greedy", "best_fixed", "length_table", "gain", "ppo"}
     assert summary["costs"]["lengths"] == [512, 1024] and summary["costs"]["blocks"] == [1, 3, 5]
+    # training tables at each length, each priced at its own (grouped by the nearest measured length)
+    assert len(list((out / "tables").glob("train-1024-*.safetensors"))) == 2
+    assert set(summary["train_modelled"]["gain"]) == {"512", "1024", "all"}
+    assert len(summary["heldout_modelled"]["greedy"]) == 2  # one held-out table: its length and "all"
     for family in ("gain", "ppo"):
         c = load_controller(out / f"controller-joint-{family}.pt")
         assert isinstance(c, JointPolicy) and c.family == family and c.k_max == 4

@@ -28,33 +28,43 @@ FAMILIES = ("gain", "ppo")  # the learned joint families, in training order (PPO
 RESULT_FILES = ("joint.json", *(f"controller-joint-{f}.pt" for f in FAMILIES))
 
 
-def modelled(tables, controller, costs: RoundCosts, lengths, episodes: int = 2, seed: int = 0) -> dict:
-    """``controller`` replayed over ``tables`` at each context length: {length: replay_joint's numbers}, and "all":
-    tokens / seconds over every length (each length the same tokens: the bench's families-and-lengths mix)."""
+def by_length(tables, lengths) -> dict:
+    """{measured length: the tables whose prompt length is nearest it} (lengths no table is near are left out)."""
+    groups: dict = {}
+    for t in tables:
+        groups.setdefault(min(lengths, key=lambda n: abs(n - t.prompt_len)), []).append(t)
+    return {int(n): groups[n] for n in sorted(groups)}
+
+
+def modelled(tables, controller, costs: RoundCosts, episodes: int = 2, seed: int = 0) -> dict:
+    """``controller`` replayed over ``tables``, each priced at its own prompt length: {measured length: replay_joint's
+    numbers over the tables nearest it}, and "all": the mean over lengths of seconds per token, inverted (each length
+    the same tokens: the bench's families-and-lengths mix)."""
     k_max = max(controller.k_max, 1)
-    per = {int(n): replay_joint(tables, controller.act, costs, n, k_max, episodes, seed) for n in lengths}
-    tokens, seconds = sum(p["tokens"] for p in per.values()), sum(p["seconds"] for p in per.values())
-    return {**per, "all": {"tokens_per_s": tokens / seconds if seconds else 0.0}}
+    per = {n: replay_joint(group, controller.act, costs, k_max, episodes, seed)
+           for n, group in by_length(tables, costs.lengths).items()}
+    spt = [p["seconds"] / p["tokens"] for p in per.values() if p["tokens"]]
+    return {**per, "all": {"tokens_per_s": len(spt) / sum(spt) if spt else 0.0}}
 
 
 def choose_baselines(tables, costs: RoundCosts, draft_lengths=DRAFT_LENGTHS, periods=PERIODS, episodes: int = 2,
                      seed: int = 0, progress: bool = False) -> dict:
     """{"best_fixed": spec, "length_table": spec, "grid": [(k, period, modelled tokens/s over all lengths)]}: specs as
-    ``rift_ada.joint.baseline`` reads them."""
+    ``rift_ada.joint.baseline`` reads them; each table priced at its own prompt length."""
     from tqdm.auto import tqdm
 
     grid = [(k, p) for k in sorted(set(draft_lengths)) for p in (periods if k else (None,))]
     scores = {}
     for k, p in tqdm(grid, desc="fixed (k, period)", disable=not progress):
-        scores[k, p] = modelled(tables, FixedJoint(k, p), costs, costs.lengths, episodes, seed)
+        scores[k, p] = modelled(tables, FixedJoint(k, p), costs, episodes, seed)
     (k, period), _ = max(scores.items(), key=lambda kv: kv[1]["all"]["tokens_per_s"])
     # The length table: at the best fixed period, each measured length's best k (a refresh period means nothing at
     # k = 0, so a length whose best is to not speculate takes k = 0 whatever the period).
-    ks = []
-    for n in costs.lengths:
+    ks, lengths = [], [n for n in scores[k, period] if n != "all"]
+    for n in lengths:
         at = {kk: s[n]["tokens_per_s"] for (kk, pp), s in scores.items() if pp == period or kk == 0}
         ks.append(max(at, key=at.get))
-    bounds = [0] + [(a + b) // 2 for a, b in zip(costs.lengths, costs.lengths[1:])]
+    bounds = [0] + [(a + b) // 2 for a, b in zip(lengths, lengths[1:])]
     return {"best_fixed": {"kind": "fixed", "k": k, "period": period},
             "length_table": {"kind": "length-table", "lengths": bounds, "ks": ks, "period": period},
             "grid": [[kk, pp, s["all"]["tokens_per_s"]] for (kk, pp), s in scores.items()]}
@@ -177,20 +187,12 @@ def visited(tables, costs: RoundCosts, policy: JointPolicy, draft_lengths=DRAFT_
 def export_joint(model, vec_normalize, costs: RoundCosts, draft_lengths=DRAFT_LENGTHS, family: str = "ppo",
                  baselines: dict | None = None) -> JointPolicy:
     """The SB3 policy's actor (its MLP and action layer) as a ``JointPolicy``."""
-    from rift_ada.refresh.mlp import build_mlp
+    from .ppo import copy_mlp, normalisation
 
     policy = model.policy
-    modules = list(policy.mlp_extractor.policy_net) + [policy.action_net]
-    linears = [m for m in modules if isinstance(m, torch.nn.Linear)]
-    acts = {type(m).__name__.lower() for m in modules if not isinstance(m, torch.nn.Linear)}
-    act = acts.pop() if acts else "tanh"
-    net = build_mlp([linears[0].in_features] + [m.out_features for m in linears], act)
-    for dst, src in zip([m for m in net if isinstance(m, torch.nn.Linear)], linears):
-        dst.load_state_dict(src.state_dict())
-    rms = vec_normalize.obs_rms
-    return JointPolicy(net.eval(), actions(draft_lengths), costs, np.asarray(rms.mean, np.float64),
-                       np.asarray(rms.var, np.float64), family, float(vec_normalize.clip_obs),
-                       float(vec_normalize.epsilon), dict(baselines or {}))
+    net, sizes, _ = copy_mlp(list(policy.mlp_extractor.policy_net) + [policy.action_net])
+    mean, var, eps, clip = normalisation(vec_normalize, sizes[0])
+    return JointPolicy(net, actions(draft_lengths), costs, mean, var, family, clip, eps, dict(baselines or {}))
 
 
 __all__ = ["PERIODS", "choose_baselines", "export_joint", "modelled", "train_ppo_joint"]
@@ -223,9 +225,39 @@ def check_joint_args(args) -> None:
         raise ValueError("--joint-lengths must be >= 16 tokens and --joint-timesteps >= 1")
 
 
+def length_tables(out, pair, args, layout, decoding) -> list:
+    """Training tables at every --joint-lengths length other than --input-tokens (whose tables the job already
+    built): the same code bases and families, --train-new-tokens each, kept in ``<output-dir>/tables`` as
+    ``train-<length>-<i>-<seed>`` (a resumed job reuses them). Acceptance at 4K is not acceptance at 1K, so each
+    length the controller decides at is learned from tables of that length."""
+    from dataclasses import replace
+
+    from rift_ada.data import encode
+    from rift_ada.data.sources import build_source_mix
+    from rift_ada.models import check_fits
+    from rift_ada.replay import ReplayTable
+    from rift_ada.replay.build import Builder, TableSpec, build_tables
+
+    new = min(args.train_new_tokens, args.max_new_tokens)
+    per = args.tables_per_prompt if decoding.temperature > 0 else 1
+    specs = []
+    for n in sorted(set(args.joint_lengths) - {args.input_tokens}):
+        for model in (pair.target, pair.draft):
+            check_fits(model, n + new, "a --joint-lengths length + --train-new-tokens")
+        mix = build_source_mix(pair.tokenizer, args.train_sources.split(","), args.task, args.prompts_per_source, n,
+                               args.seed + 1)
+        specs += [TableSpec(f"train-{n}-{i:03d}-{s}", tuple(encode(pair.tokenizer, t.prompt)),
+                            decoding.seed + 1000 * i + s) for i, (_, t) in enumerate(mix) for s in range(per)]
+    builder = Builder(args.target, args.drafter, layout, replace(decoding, draft_step="model", verify_step="model"),
+                      new, args.device, args.dtype, args.threads)
+    paths = build_tables(builder, specs, out / "tables", pair, args.workers, progress="training tables per length")
+    return [ReplayTable.load(p) for p in paths]
+
+
 def run_job(out, state, run, args, pair, layout, decoding, train_tables, heldout_tables) -> dict:
-    """Costs, baselines, the gain family and PPO (from the gain family's clone), each a resumable unit; exports one
-    file per family and ``joint.json`` (each row's modelled tokens/s on the held-out tables per length)."""
+    """Training tables at the other --joint-lengths, costs, baselines, the gain family and PPO (from the gain family's
+    clone), each a resumable unit; exports one file per family and ``joint.json`` (each row's modelled tokens/s on
+    the training and the held-out tables per length)."""
     from dataclasses import asdict, fields, replace
 
     from rift_ada.joint.control import baseline
@@ -242,6 +274,7 @@ def run_job(out, state, run, args, pair, layout, decoding, train_tables, heldout
                                                          split="train")[0].prompt) for n in args.joint_lengths}
         return measure_round_costs(dec, prompts, args.draft_lengths, progress=True).to_dict()
 
+    train_tables = list(train_tables) + length_tables(out, pair, args, layout, decoding)
     costs = RoundCosts.from_dict(state.unit("joint_costs", measure))
     base = state.unit("joint_baselines", lambda: choose_baselines(train_tables, costs, args.draft_lengths,
                                                                   seed=args.seed, progress=True))
@@ -272,11 +305,11 @@ def run_job(out, state, run, args, pair, layout, decoding, train_tables, heldout
 
     family("ppo", ppo)
     rows = {"greedy": FixedJoint(0), **{k: baseline(v) for k, v in baselines.items()}, **files}
-    train = {name: modelled(train_tables, c, costs, costs.lengths, seed=args.seed) for name, c in files.items()}
+    train = {name: modelled(train_tables, c, costs, seed=args.seed) for name, c in rows.items()}
     summary = {"costs": asdict(costs), "baselines": baselines,
                # the family to use: the best modelled speed on the training tables (never the held-out ones)
-               "chosen": max(train, key=lambda name: train[name]["all"]["tokens_per_s"]), "train_modelled": train,
-               "heldout_modelled": {name: modelled(heldout_tables, c, costs, costs.lengths, seed=args.seed)
+               "chosen": max(files, key=lambda name: train[name]["all"]["tokens_per_s"]), "train_modelled": train,
+               "heldout_modelled": {name: modelled(heldout_tables, c, costs, seed=args.seed)
                                     for name, c in rows.items()}}
     for name, policy in files.items():
         policy.save(out / f"controller-joint-{name}.pt")
@@ -285,14 +318,17 @@ def run_job(out, state, run, args, pair, layout, decoding, train_tables, heldout
 
 
 def finish(out, state, run, args, *inputs) -> int:
-    """Run the joint job, print and log (W&B) each row's modelled tokens/s on the held-out tables per length."""
+    """Run the joint job, print and log (W&B) each row's modelled tokens/s on the training and the held-out tables per
+    length."""
     summary = run_job(out, state, run, args, *inputs)
-    lengths = summary["costs"]["lengths"]
-    print(f"modelled decode tokens/s on the held-out tables at {', '.join(map(str, lengths))} tokens (measured round "
-          f"costs; bench_decode.py --controller measures them):")
-    for name, m in summary["heldout_modelled"].items():
-        print(f"  {name:>12}: " + " / ".join(f"{m[n]['tokens_per_s']:.1f}" for n in lengths))
-        run.log({f"joint/{name}/tokens_per_s_{n}": m[n]["tokens_per_s"] for n in lengths})
+    for which in ("train", "heldout"):
+        rows = summary[f"{which}_modelled"]
+        lengths = [n for n in next(iter(rows.values())) if n != "all"]
+        print(f"modelled decode tokens/s on the {which} tables at {', '.join(map(str, lengths))} tokens (measured "
+              f"round costs; bench_decode.py --controller measures them):")
+        for name, m in rows.items():
+            print(f"  {name:>12}: " + " / ".join(f"{m[n]['tokens_per_s']:.1f}" for n in lengths))
+            run.log({f"joint/{which}/{name}/tokens_per_s_{n}": m[n]["tokens_per_s"] for n in lengths})
     print(f"best fixed: {summary['baselines']['best_fixed']}; files: " + ", ".join(
         f"{out}/controller-joint-{f}.pt" for f in FAMILIES) + f"; best on the training tables: {summary['chosen']}")
     state.store("done", {}, 0.0)

@@ -129,6 +129,14 @@ def learn(model, venv, timesteps: int, bar_total: int, callback=None, logger=Non
 def export_mlp(cls: type[MLPController], modules, vec_normalize=None, lam: float | None = None) -> MLPController:
     """``modules`` (SB3's Linear layers with their activations between, ending in the 2-output layer) as a ``cls``
     controller, with VecNormalize's observation statistics baked in (none: an identity normalisation)."""
+    net, sizes, act = copy_mlp(modules)
+    mean, var, eps, clip = normalisation(vec_normalize, sizes[0])
+    return cls(net, sizes, act, mean, var, eps, clip, lam)
+
+
+def copy_mlp(modules):
+    """SB3's Linear layers with their activations between as a torch-only ``build_mlp`` network: (net, sizes,
+    activation name)."""
     linears = [m for m in modules if isinstance(m, torch.nn.Linear)]
     acts = {type(m).__name__.lower() for m in modules if not isinstance(m, torch.nn.Linear)}
     if len(acts) > 1 or not acts <= {"tanh", "relu"}:
@@ -138,9 +146,13 @@ def export_mlp(cls: type[MLPController], modules, vec_normalize=None, lam: float
     net = build_mlp(sizes, act)
     for dst, src in zip([m for m in net if isinstance(m, torch.nn.Linear)], linears):
         dst.load_state_dict(src.state_dict())
+    return net.eval(), sizes, act
+
+
+def normalisation(vec_normalize, n: int):
+    """VecNormalize's observation statistics as (mean, var, epsilon, clip); none: an identity normalisation."""
     if vec_normalize is not None and vec_normalize.norm_obs:
         rms = vec_normalize.obs_rms
-        mean, var, eps, clip = np.asarray(rms.mean), np.asarray(rms.var), vec_normalize.epsilon, vec_normalize.clip_obs
-    else:
-        mean, var, eps, clip = np.zeros(sizes[0]), np.ones(sizes[0]) - 1e-8, 1e-8, np.inf
-    return cls(net.eval(), sizes, act, mean, var, eps, clip, lam)
+        return (np.asarray(rms.mean, np.float64), np.asarray(rms.var, np.float64), float(vec_normalize.epsilon),
+                float(vec_normalize.clip_obs))
+    return np.zeros(n), np.ones(n) - 1e-8, 1e-8, np.inf

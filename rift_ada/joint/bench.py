@@ -15,7 +15,7 @@ from collections import Counter
 import torch
 from tqdm.auto import tqdm
 
-from ..rounds import sample, sampling_probs
+from ..bench import plain_decode
 from .control import FixedJoint, JointController, baseline, is_joint
 
 ROWS = ("greedy", "best_fixed", "length_table", "joint")
@@ -67,29 +67,6 @@ def controller_report(args) -> dict:
 
 
 @torch.inference_mode()
-def plain_decode(target, ids: list[int], new_tokens: int, eos, temperature: float, seed: int):
-    """The target alone, one token per forward on ``rift_ada.static``'s cache: (tokens, decode seconds after the first
-    token). The speculate-never row."""
-    from transformers import DynamicCache
-
-    from ..static import StaticKV, StaticVerify
-
-    g = torch.Generator(device=target.device).manual_seed(seed)
-    x = torch.tensor([ids], device=target.device)
-    cache = DynamicCache(config=target.config)
-    logits = target(x, cache=cache, logits_to_keep=1).logits[0, -1]
-    token = sample(sampling_probs(logits, temperature), logits, g)
-    cache, step, tokens = StaticKV(cache, len(ids) + new_tokens + 1), StaticVerify(target, 1), [token]
-    t = time.perf_counter()
-    while len(tokens) < new_tokens and token != eos:
-        logits = step(cache, [token])[-1]
-        token = sample(sampling_probs(logits, temperature), logits, g)
-        tokens.append(token)
-    if target.device.type == "cuda":
-        torch.cuda.synchronize()
-    return tokens, time.perf_counter() - t
-
-
 def rows_of(controller) -> dict[str, JointController]:
     """The rows a controller file gives: a joint controller's recorded baselines and itself; a refresh-only
     controller runs as the joint row at the decoder's k."""
@@ -163,4 +140,4 @@ def summarize(runs: list, costs) -> dict:
             "modelled_tokens_per_s": tokens / modelled}
 
 
-__all__ = ["ROWS", "FixedJoint", "add_controller_options", "bench_controller", "plain_decode", "rows_of"]
+__all__ = ["ROWS", "FixedJoint", "add_controller_options", "bench_controller", "rows_of"]

@@ -22,6 +22,7 @@ from torch import nn
 
 from .. import signals
 from ..files import read_torch
+from ..refresh.mlp import normalize
 from .costs import RoundCosts
 
 DRAFT_LENGTHS = (0, 1, 2, 3, 5, 8, 11)  # the draft lengths a joint controller chooses from by default
@@ -137,8 +138,7 @@ class JointPolicy(JointController):
 
     @torch.no_grad()
     def act_batch(self, observations: np.ndarray) -> np.ndarray:
-        x = np.clip((np.asarray(observations, np.float64) - self.obs_mean) / np.sqrt(self.obs_var + self.epsilon),
-                    -self.clip, self.clip)
+        x = normalize(np.asarray(observations, np.float64), self.obs_mean, self.obs_var, self.epsilon, self.clip)
         return self.net(torch.as_tensor(x, dtype=torch.float32)).argmax(-1).numpy()
 
     def act(self, state, context: float | None = None):

@@ -132,8 +132,9 @@ def measure_round_costs(decoder, prompts: dict[int, list[int]], draft_lengths=(0
     is kept)."""
     from tqdm.auto import tqdm
 
-    if not decoder.layout.refreshable:
-        raise ValueError(f"measuring refresh costs needs a draft cache that refreshes, not {decoder.layout.describe()}")
+    from ..costs import check_refreshable
+
+    check_refreshable(decoder.layout)
     ks = sorted(set(int(k) for k in draft_lengths) | {0})
     if max(ks) > decoder.k or len(ks) < 2:
         raise ValueError(f"draft lengths {ks} must include one >= 1 and stay <= the decoder's k ({decoder.k})")

@@ -29,6 +29,11 @@ from .registry import known, kinds
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
+def normalize(obs: np.ndarray, mean, var, epsilon: float, clip: float) -> np.ndarray:
+    """VecNormalize's observation transform, as an exported controller applies it."""
+    return np.clip((obs - mean) / np.sqrt(var + epsilon), -clip, clip)
+
+
 def build_mlp(sizes: list[int], activation: str) -> nn.Sequential:
     """Linear layers of ``sizes`` (input .. 2 outputs) with ``activation`` between hidden layers."""
     layers: list[nn.Module] = []
@@ -59,7 +64,7 @@ class MLPController(Controller):
     lam: float | None = None  # the refresh-cost weight it was trained with (its knob)
 
     def normalize(self, obs: np.ndarray) -> np.ndarray:
-        return np.clip((obs - self.obs_mean) / np.sqrt(self.obs_var + self.epsilon), -self.clip, self.clip)
+        return normalize(obs, self.obs_mean, self.obs_var, self.epsilon, self.clip)
 
     @torch.no_grad()
     def decide_batch(self, observations: np.ndarray) -> np.ndarray:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..signals import FRESH, DecoderState, recent_acceptance, since_refresh_after
+from ..signals import FRESH, DecoderState, recent_after, since_refresh_after
 from .table import ReplayTable
 
 
@@ -59,6 +59,7 @@ class Replay:
         self.prompt_tokens = self.P if prompt_tokens is None else int(prompt_tokens)
         self.g, self.pending, self.row, self.since, self.since_draft = 1, 1, 0, 0, 0
         self.drafted = self.accepted = 0
+        self.recent: tuple[float, ...] = ()  # signals.recent_after
         self.rounds: list[ReplayRound] = []
         self.last_entropy = (0.0, 0.0)
         self.fresh: list[float] = []
@@ -96,6 +97,7 @@ class Replay:
         if len(self.fresh) < FRESH and k:
             self.fresh.append(n / k)
         self.since_draft = self.since_draft + emitted if k == 0 else 0
+        self.recent = recent_after(self.recent, n, k)
         self.drafted, self.accepted = self.drafted + k, self.accepted + n
         self.g += emitted
         self.pending = self.pending + 1 if k == 0 else (2 if n == k else 1)
@@ -117,7 +119,7 @@ class Replay:
                                     float(t.drift[self.row, u]))
         return DecoderState(
             generated=self.g, max_new_tokens=self.max_new, rounds=len(self.rounds), tokens_since_refresh=self.since,
-            drift=drift, acceptance=recent_acceptance(self.rounds),
+            drift=drift, acceptance=self.recent,
             entropy_mean=self.last_entropy[0], entropy_max=self.last_entropy[1], vocab_size=t.vocab_size,
             runway=runway, focus=focus, fresh=tuple(self.fresh), drift_floor=self.drift_floor,
             prompt_tokens=self.prompt_tokens, since_draft=self.since_draft, drafted_total=self.drafted,

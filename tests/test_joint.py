@@ -234,7 +234,7 @@ def test_the_bench_compares_the_controller_with_greedy_and_the_fixed_settings(jo
         assert all(v["tokens_per_s"] > 0 for k, v in row[family].items() if k != "same_output")
     for family in ("low", "high"):
         assert all(row[family]["same_output"].values()), row[family]["same_output"]
-        assert sum(row[family]["joint"]["k_share"].values()) == pytest.approx(1.0)
+        assert sum(row[family]["joint"]["k_share"].values()) == pytest.approx(1.0, abs=1e-3)  # shares to 4 places
     assert bench.main(argv[:-2] + ["--task", "nope"]) == 2
 
 

@@ -230,27 +230,24 @@ def length_tables(out, pair, args, layout, decoding) -> list:
     built): the same code bases and families, --train-new-tokens each, kept in ``<output-dir>/tables`` as
     ``train-<length>-<i>-<seed>`` (a resumed job reuses them). Acceptance at 4K is not acceptance at 1K, so each
     length the controller decides at is learned from tables of that length."""
-    from dataclasses import replace
-
     from rift_ada.data import encode
     from rift_ada.data.sources import build_source_mix
     from rift_ada.models import check_fits
     from rift_ada.replay import ReplayTable
-    from rift_ada.replay.build import Builder, TableSpec, build_tables
+    from rift_ada.replay.build import build_tables
+
+    from .controller_job.stages import table_builder, training_specs
 
     new = min(args.train_new_tokens, args.max_new_tokens)
-    per = args.tables_per_prompt if decoding.temperature > 0 else 1
     specs = []
     for n in sorted(set(args.joint_lengths) - {args.input_tokens}):
         for model in (pair.target, pair.draft):
             check_fits(model, n + new, "a --joint-lengths length + --train-new-tokens")
         mix = build_source_mix(pair.tokenizer, args.train_sources.split(","), args.task, args.prompts_per_source, n,
                                args.seed + 1)
-        specs += [TableSpec(f"train-{n}-{i:03d}-{s}", tuple(encode(pair.tokenizer, t.prompt)),
-                            decoding.seed + 1000 * i + s) for i, (_, t) in enumerate(mix) for s in range(per)]
-    builder = Builder(args.target, args.drafter, layout, replace(decoding, draft_step="model", verify_step="model"),
-                      new, args.device, args.dtype, args.threads)
-    paths = build_tables(builder, specs, out / "tables", pair, args.workers, progress="training tables per length")
+        specs += training_specs(f"train-{n}", [encode(pair.tokenizer, t.prompt) for _, t in mix], args, decoding)
+    paths = build_tables(table_builder(args, layout, decoding, new), specs, out / "tables", pair, args.workers,
+                         progress="training tables per length")
     return [ReplayTable.load(p) for p in paths]
 
 

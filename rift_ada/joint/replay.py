@@ -1,7 +1,7 @@
 """Joint controllers over replay tables: each round's (refresh, k) replayed and priced by a measured cost model.
 
-Each table is priced at its own prompt length (``context`` prices the same acceptance at another: the states report
-that prompt length, so a controller keyed on context reads it too). Modelled tokens per second = tokens / the sum of
+Each table is priced at its own prompt length (the length its states report, so a controller keyed on context reads
+the same). Modelled tokens per second = tokens / the sum of
 the rounds' modelled seconds (``RoundCosts.round_seconds`` at each round's context), prefill apart, as the bench
 measures decode.
 """
@@ -23,10 +23,9 @@ def priced_step(replay: Replay, refresh: bool, k: int, costs: RoundCosts):
     return rec, costs.round_seconds(rec.draft_length, rec.refreshed, context)
 
 
-def replay_joint(tables, act, costs: RoundCosts, k_max: int = 11, episodes: int = 4, seed: int = 0,
-                 context: int | None = None) -> dict:
-    """``act(state) -> (refresh, k)`` replayed over ``tables``, each priced at its prompt length (or ``context``),
-    each sampling table ``episodes`` times: tokens, seconds, modelled tokens/s, AL over drafting rounds, refreshes, and how often
+def replay_joint(tables, act, costs: RoundCosts, k_max: int = 11, episodes: int = 4, seed: int = 0) -> dict:
+    """``act(state) -> (refresh, k)`` replayed over ``tables``, each priced at its prompt length, each sampling table
+    ``episodes`` times: tokens, seconds, modelled tokens/s, AL over drafting rounds, refreshes, and how often
     each k was chosen (share of rounds)."""
     tokens = seconds = refreshes = 0.0
     accepted, drafting, ks = 0, 0, Counter()
@@ -34,7 +33,7 @@ def replay_joint(tables, act, costs: RoundCosts, k_max: int = 11, episodes: int 
         rng = np.random.default_rng(seed + i)
         replay = Replay(table, k_max)
         for _ in range(1 if table.temperature == 0 else episodes):
-            replay.reset(rng, prompt_tokens=context)
+            replay.reset(rng)
             while not replay.done:
                 refresh, k = act(replay.state)
                 rec, s = priced_step(replay, refresh, k, costs)

@@ -55,12 +55,10 @@ def tables(out, pair, args, layout, decoding, train, evals):
     import time
 
     from rift_ada.replay import ReplayTable
-    from rift_ada.replay.build import Builder, TableSpec, build_tables
+    from rift_ada.replay.build import TableSpec, build_tables
 
     t0 = time.time()
-    builder = Builder(args.target, args.drafter, layout, replace(decoding, draft_step="model", verify_step="model"),
-                      args.max_new_tokens, args.device, args.dtype, args.threads)
-    per = args.tables_per_prompt if decoding.temperature > 0 else 1
+    builder = table_builder(args, layout, decoding, args.max_new_tokens)
     seeds = args.eval_seeds if decoding.temperature > 0 else 1
     # The held-out tables first: they hold the long generations, and a worker left alone at the end costs least
     # on a short one.
@@ -68,10 +66,28 @@ def tables(out, pair, args, layout, decoding, train, evals):
             for i, ids in enumerate(evals) for s in range(seeds)]
     paths = build_tables(builder, held, out / "tables", pair, args.workers, progress="held-out tables")
     short = replace(builder, max_new_tokens=min(args.train_new_tokens, args.max_new_tokens))
-    specs = [TableSpec(f"train-{i:03d}-{s}", tuple(ids), decoding.seed + 1000 * i + s)
-             for i, (_, ids) in enumerate(train) for s in range(per)]
+    specs = training_specs("train", [ids for _, ids in train], args, decoding)
     train_paths = build_tables(short, specs, out / "tables", pair, args.workers, progress="training tables")
     return ([ReplayTable.load(p) for p in train_paths], [ReplayTable.load(p) for p in paths], time.time() - t0)
+
+
+def table_builder(args, layout, decoding, max_new_tokens: int):
+    """The tables' ``Builder``: the pair by name, the layout, and eager model steps (a table is one teacher-forced
+    pass, not a timed decode)."""
+    from rift_ada.replay.build import Builder
+
+    return Builder(args.target, args.drafter, layout, replace(decoding, draft_step="model", verify_step="model"),
+                   max_new_tokens, args.device, args.dtype, args.threads)
+
+
+def training_specs(prefix: str, prompts: list, args, decoding) -> list:
+    """``--tables-per-prompt`` sampled continuations per training prompt (one when greedy), named
+    ``<prefix>-<i>-<s>``, each with its own sampling seed."""
+    from rift_ada.replay.build import TableSpec
+
+    per = args.tables_per_prompt if decoding.temperature > 0 else 1
+    return [TableSpec(f"{prefix}-{i:03d}-{s}", tuple(ids), decoding.seed + 1000 * i + s)
+            for i, ids in enumerate(prompts) for s in range(per)]
 
 
 def train(job, kinds) -> dict:

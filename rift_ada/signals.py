@@ -71,12 +71,42 @@ class DecoderState:
     since_draft: int = 0  # tokens generated since the last round that drafted (plain target steps: k = 0)
     drafted_total: int = 0  # draft tokens proposed over the generation so far, and how many were accepted
     accepted_total: int = 0
+    target_p: float = 1.0  # the target's mean probability of its last TARGET_WINDOW emitted tokens (target_p_mean)
+    match: int = 0  # the context's repeated suffix, in tokens (suffix_match)
 
 
 def index(name: str) -> int:
     if name not in NAMES:
         raise ValueError(f"unknown signal {name!r}; signals are: {', '.join(NAMES)}")
     return NAMES.index(name)
+
+
+TARGET_WINDOW = 8  # emitted tokens the target_p signal averages over
+MATCH_CAP = 16  # tokens: a longer repeated suffix reads as this one
+
+
+def target_p_mean(p, generated: int) -> float:
+    """The target's mean probability of emitted tokens ``generated - TARGET_WINDOW .. generated - 1`` (``p``: each
+    emitted token's, under the sampling settings; 1 for greedy, as replay tables store it). Read off plain target steps
+    too: where the target is sure of its next tokens a draft tends to agree, with no draft run to find out."""
+    window = p[max(generated - TARGET_WINDOW, 0):generated]
+    return float(sum(window) / len(window)) if len(window) else 1.0
+
+
+def suffix_match(context: np.ndarray, cap: int = MATCH_CAP) -> int:
+    """The length (up to ``cap``) of the longest suffix of ``context`` (token ids, prompt + emitted) that also occurs
+    earlier in it, 0 if its last token never did. Text that repeats what came before is what a draft copies (the
+    prompt-lookup signal); like ``target_p`` it costs no model forward, so a plain stretch keeps it current."""
+    n = len(context)
+    if n < 2:
+        return 0
+    ends = np.flatnonzero(context[:-1] == context[-1])  # earlier occurrences of the last token
+    length = 0
+    while len(ends) and length < cap:
+        length += 1
+        ends = ends[ends >= length]
+        ends = ends[context[ends - length] == context[n - 1 - length]] if length < n else ends[:0]
+    return length
 
 
 def acceptance(accepted: int, draft_length: int) -> float:

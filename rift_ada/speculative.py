@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
@@ -36,7 +37,8 @@ from .layout import CacheLayout
 from .models import check_vocab
 from .recurrent import TargetStates
 from .rounds import accept, cut_at_eos, draft_count, entropy, sample, sampling_probs
-from .signals import FRESH, RUNWAY_CAP, DecoderState, acceptance, recent_after, since_refresh_after
+from .signals import (FRESH, RUNWAY_CAP, DecoderState, acceptance, recent_after, since_refresh_after, suffix_match,
+                      target_p_mean)
 from .static import StaticKV, static_steps
 
 
@@ -166,6 +168,9 @@ def prefill(target, draft, ids: torch.Tensor, layout: CacheLayout, store_device=
     return tcache, dcache, logits[0, -1]
 
 
+CATCH_UP_CHUNK = 48  # tokens per forward when the draft catches up after plain steps (< ROUND_SLACK: no regrowth)
+
+
 def forward(model, cache, tokens: list[int], device, observe: bool = False, all_logits: bool = False):
     """``model``'s logits after feeding ``tokens`` at their positions over ``cache``: at the last token, or at each
     (``all_logits``); ``observe`` records the queries of a RiftCache."""
@@ -240,6 +245,12 @@ class SpeculativeDecoder:
         self._t_states = TargetStates(self.tcache)  # holds nothing unless the target has linear-attention layers
         first = sample(sampling_probs(logits, *self._sampling), logits, self.generator)
         self._sync()
+        # prompt + emitted tokens, and the target's probability of each emitted one: the signals a plain stretch keeps
+        # current (signals.target_p_mean, suffix_match)
+        self._context = np.zeros(self.prompt_len + max_new_tokens + self.k + 2, dtype=np.int64)
+        self._context[:self.prompt_len] = ids[0].cpu().numpy()
+        self._context[self.prompt_len] = first
+        self._p = self._emitted_p(logits[None], [first])
         self.result = DecodeResult(self.prompt_len, [first], prefill_seconds=time.perf_counter() - t0)
         self._t_pending, self._d_pending = [first], [first]
         self.tokens_since_refresh = 0
@@ -285,6 +296,9 @@ class SpeculativeDecoder:
         replayed = self._roll_back(k, n, drafts, nxt)
         clock.lap("rollback")
         new = cut_at_eos(drafts[:n] + [nxt], self.eos_token_id)
+        at = self.prompt_len + len(self.result.tokens)
+        self._context[at:at + len(new)] = new
+        self._p += self._emitted_p(t_logits, new)
         self.result.tokens.extend(new)
         self.done = new[-1] == self.eos_token_id or len(self.result.tokens) >= self.max_new_tokens
         # The steps up to the first rejected draft: their context is the emitted text (later steps condition on
@@ -304,6 +318,8 @@ class SpeculativeDecoder:
         """k draft tokens, the distributions they were drawn from, and the draft's entropy at each step."""
         drafts, q_probs, entropies = [], [], []
         feed = self._d_pending
+        if k and self._static is not None and len(feed) > 2:
+            feed = self._catch_up(feed)
         for i in range(k):
             logits = (forward(self.draft, self.dcache, feed, self.device, observe=True) if self._static is None
                       else self._static.feed(self.dcache, feed))
@@ -315,6 +331,26 @@ class SpeculativeDecoder:
             entropies.append(float(entropy(logits)))
             feed = drafts[-1:]
         return drafts, q_probs, entropies
+
+    def _catch_up(self, feed: list[int]) -> list[int]:
+        """Feed the draft all but the last of ``feed`` (the tokens plain target steps emitted since it last drafted)
+        in chunks of CATCH_UP_CHUNK, one forward each: the static step takes one token per call, and a stretch of
+        plain steps would cost that many draft steps. Each query sees what a step would (``RiftLayer.window_mask``);
+        the tail is evicted back to the window between chunks, so the active buffers never outgrow their capacity (a
+        compiled step's one shape). Returns what is left to feed: the last token."""
+        for i in range(0, len(feed) - 1, CATCH_UP_CHUNK):
+            forward(self.draft, self.dcache, feed[i:min(i + CATCH_UP_CHUNK, len(feed) - 1)], self.device,
+                    observe=True)
+            self.dcache.rollback(0)
+        return feed[-1:]
+
+    def _emitted_p(self, t_logits: torch.Tensor, new: list[int]) -> list[float]:
+        """The target's probability of each emitted token under the sampling settings (1 greedy: a replay table's
+        ``p``), from the logits that predicted it."""
+        if self.temperature == 0:
+            return [1.0] * len(new)
+        probs = sampling_probs(t_logits[:len(new)], *self._sampling)
+        return probs.gather(-1, torch.tensor(new, device=probs.device)[:, None])[:, 0].tolist()
 
     def _verify(self, tokens: list[int]) -> torch.Tensor:
         """The target's logits at each of ``tokens`` (the pending token and the drafts), one forward."""
@@ -370,7 +406,9 @@ class SpeculativeDecoder:
             entropy_mean=last.entropy_mean if last else 0.0, entropy_max=last.entropy_max if last else 0.0,
             vocab_size=self.draft.config.vocab_size, runway=runway, focus=focus, fresh=tuple(self._fresh),
             drift_floor=self._drift_floor, prompt_tokens=self.prompt_len, since_draft=self._since_draft,
-            drafted_total=self._drafted, accepted_total=self._accepted)
+            drafted_total=self._drafted, accepted_total=self._accepted,
+            target_p=target_p_mean(self._p, len(self.result.tokens)),
+            match=suffix_match(self._context[:self.prompt_len + len(self.result.tokens)]))
 
     # --- settings ----------------------------------------------------------------------------------------------------
     @property

@@ -113,6 +113,75 @@ def test_plain_steps_leave_the_acceptance_signals_to_drafting_rounds():
     assert r.state.acceptance == (rec.accepted / 4,) and r.state.since_draft == 1 and r.state.drafted_total == 4
 
 
+def test_suffix_match_finds_the_longest_repeated_suffix():
+    from rift_ada.signals import suffix_match
+
+    assert suffix_match(np.array([1, 2, 3, 9, 1, 2, 3])) == 3  # "1 2 3" came before
+    assert suffix_match(np.array([1, 2, 3, 9, 4, 2, 3])) == 2
+    assert suffix_match(np.array([5, 6])) == 0 and suffix_match(np.array([5])) == 0
+    assert suffix_match(np.array([7, 7, 7, 7])) == 3  # overlapping occurrences count
+    assert suffix_match(np.array([1, 2, 3, 4] * 10), cap=5) == 5
+
+
+def test_the_target_and_copy_signals_are_read_off_plain_steps_as_the_target_gives_them():
+    """target_p is the target's mean probability of its last emitted tokens (as a teacher-forced pass over the output
+    gives them: a replay table's p), match the output's repeated suffix; both move during plain steps, with no draft
+    run, and a replay over a table reads the same definitions."""
+    import torch
+
+    from rift_ada.replay.process import Replay
+    from rift_ada.rounds import sampling_probs
+    from rift_ada.signals import TARGET_WINDOW, suffix_match
+
+    pair = cached_testbed_pair("testbed")
+    dec = SpeculativeDecoder.for_pair(pair, LAYOUT, Decoding(4, temperature=1.0, seed=3))
+    ids = prompt("sort")
+    dec.reset(ids, 40)
+    states = [dec.state]
+    for k in [0] * 12 + [4, 0, 2, 0, 0]:
+        if not dec.done:
+            dec.step(False, k)
+            states.append(dec.state)
+    out = dec.result.tokens
+    with torch.inference_mode():
+        logits = pair.target(torch.tensor([ids + out]), logits_to_keep=len(out) + 1).logits[0, :len(out)]
+    p = sampling_probs(logits, 1.0).gather(-1, torch.tensor(out)[:, None])[:, 0].numpy()
+    for s in states:
+        g = s.generated
+        assert s.target_p == pytest.approx(p[max(g - TARGET_WINDOW, 0):g].mean(), abs=1e-4)
+        assert s.match == suffix_match(np.asarray(ids + out[:g]))
+    assert len({round(s.target_p, 4) for s in states[:12]}) > 3, "plain steps move target_p"
+    t = table(0, temperature=1.0)
+    r = Replay(t, 4)
+    r.reset()
+    for k in (0, 0, 3, 0):
+        r.step(False, k)
+    g = r.state.generated
+    assert r.state.target_p == pytest.approx(t.p[g - TARGET_WINDOW:g].mean() if g >= TARGET_WINDOW else t.p[:g].mean())
+    assert r.state.match == suffix_match(np.concatenate([t.prompt, t.tokens[:g]]))
+
+
+def test_the_draft_catches_up_on_plain_steps_in_chunks_as_its_steps_would():
+    """After a plain stretch the static draft catches up in CATCH_UP_CHUNK-token forwards (one per token would cost a
+    draft step each): its drafts are those of the model path's forward, and its buffers keep their size."""
+    from rift_ada.speculative import CATCH_UP_CHUNK
+
+    pair = cached_testbed_pair("testbed")
+    ids, records = prompt("low"), {}
+    for step in ("model", "static"):
+        dec = SpeculativeDecoder.for_pair(pair, LAYOUT, Decoding(4, draft_step=step, verify_step=step))
+        dec.reset(ids, 2 * CATCH_UP_CHUNK + 40)
+        sizes = [layer.capacity for layer in dec.dcache.rift_layers]
+        records[step] = list(dec.rounds(lambda s: (False, 0 if s.generated < 2 * CATCH_UP_CHUNK + 8 else 4)))
+        if step == "static":
+            assert [layer.capacity for layer in dec.dcache.rift_layers] == sizes
+    drafting = {s: [r for r in recs if r.draft_length] for s, recs in records.items()}
+    assert [r.accepted for r in drafting["static"]] == [r.accepted for r in drafting["model"]]
+    assert drafting["static"][0].accepted > 0
+    np.testing.assert_allclose([r.entropy_mean for r in drafting["static"]],
+                               [r.entropy_mean for r in drafting["model"]], atol=1e-3)
+
+
 def test_the_joint_env_prices_rounds_by_the_costs_and_passes_gymnasium_checks():
     from rift_ada.envs.joint_env import JointReplayEnv
 
@@ -159,6 +228,7 @@ def test_the_live_joint_env_gives_the_replay_env_rewards_round_for_round():
         o1, r1, done, _, i1 = live.step(a)
         o2, r2, done2, _, i2 = replayed.step(a)
         assert (r1, i1["emitted"], done) == pytest.approx((r2, i2["emitted"], done2)), steps
+        assert o1[-5:-3].tolist() == o2[-5:-3].tolist(), "target_p and match read the same off both"
         steps += 1
     assert steps > 10
 

@@ -29,8 +29,11 @@ DRAFT_LENGTHS = (0, 1, 2, 3, 5, 8, 11)  # the draft lengths a joint controller c
 IDLE_SCALE = 64.0  # tokens since the last drafting round, as the `idle` signal reads them (capped at 1)
 # Beyond the refresh signals: tokens since the last drafting round (/ IDLE_SCALE); the mean acceptance of the drafting
 # rounds acc_1..acc_H hold (1.0 if none: those signals pad missing rounds with 1.0) and their count / H; the
-# acceptance over the whole generation so far (a long memory: plain steps add nothing to the short one); the costs.
-NAMES = signals.NAMES + ("idle", "acc_seen", "drafted", "acc_long", "draft_cost", "verify_cost", "refresh_cost")
+# acceptance over the whole generation so far (a long memory: plain steps add nothing to the short one); the target's
+# recent confidence and the context's repeated suffix (signals.target_p_mean, suffix_match: what tells a plain stretch
+# where drafting would pay, with no draft run to probe it); the costs.
+NAMES = signals.NAMES + ("idle", "acc_seen", "drafted", "acc_long", "target_p", "match", "draft_cost", "verify_cost",
+                         "refresh_cost")
 KIND = "joint"
 
 
@@ -50,7 +53,8 @@ def observe(state: signals.DecoderState, costs: RoundCosts, k_max: int, context:
     seen = state.acceptance[:signals.HISTORY]
     extra = [min(state.since_draft / IDLE_SCALE, 1.0), sum(seen) / len(seen) if seen else 1.0,
              len(seen) / signals.HISTORY,
-             state.accepted_total / state.drafted_total if state.drafted_total else 1.0] + costs.features(ctx, k_max)
+             state.accepted_total / state.drafted_total if state.drafted_total else 1.0, state.target_p,
+             min(state.match, signals.MATCH_CAP) / signals.MATCH_CAP] + costs.features(ctx, k_max)
     return np.concatenate([signals.observe(state), np.asarray(extra, dtype=np.float32)]).astype(np.float32)
 
 

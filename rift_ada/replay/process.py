@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..signals import FRESH, DecoderState, recent_after, since_refresh_after
+from ..signals import FRESH, DecoderState, recent_after, since_refresh_after, target_p_mean
 from .table import ReplayTable
 
 
@@ -123,7 +123,7 @@ class Replay:
             entropy_mean=self.last_entropy[0], entropy_max=self.last_entropy[1], vocab_size=t.vocab_size,
             runway=runway, focus=focus, fresh=tuple(self.fresh), drift_floor=self.drift_floor,
             prompt_tokens=self.prompt_tokens, since_draft=self.since_draft, drafted_total=self.drafted,
-            accepted_total=self.accepted)
+            accepted_total=self.accepted, target_p=target_p_mean(t.p, self.g), match=int(t.matches()[self.g]))
 
     @property
     def refreshes(self) -> int:

@@ -49,6 +49,7 @@ class ReplayTable:
     full_q: np.ndarray
     full_entropy: np.ndarray
     path: str | None = field(default=None, compare=False)
+    _matches: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     # --- what the header says --------------------------------------------------------------------------------------
     @property
@@ -67,6 +68,17 @@ class ReplayTable:
     def row_of(self, length: int) -> int:
         """The row a refresh at history ``length`` (absolute) uses: the last grid point at or before it."""
         return (length - self.prompt_len) // self.grid
+
+    def matches(self) -> np.ndarray:
+        """(N + 1,): ``signals.suffix_match`` of the context after g generated tokens (prompt + tokens[:g]), each g;
+        computed once per table (a replay reads it every round)."""
+        if self._matches is None:
+            from ..signals import suffix_match
+
+            context = np.concatenate([self.prompt, self.tokens]).astype(np.int64)
+            self._matches = np.asarray([suffix_match(context[:self.prompt_len + g])
+                                        for g in range(len(self.tokens) + 1)])
+        return self._matches
 
     def accept(self) -> np.ndarray:
         """(R, N) probability that a drafted token u is accepted, row by row: 0 / 1 greedy (argmax = x_u), else

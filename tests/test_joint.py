@@ -315,3 +315,23 @@ def test_joint_options_are_checked_with_joint_only(capsys):
     with pytest.raises(SystemExit):
         train_controller.parse_args(["--joint", "--draft-length", "4"])  # the default set drafts up to 11
     assert "--draft-lengths must be integers in 0..--draft-length (4)" in capsys.readouterr().err
+
+
+def test_the_signal_study_reads_tables_and_reports_what_the_signals_predict(tmp_path, capsys):
+    """experiments/joint_signals.py (the figures docs/joint.md quotes): per table group, each signal's correlation with
+    what k drafts would accept and the mean per signal bin, from real tables."""
+    folder = tmp_path / "tables"
+    folder.mkdir()
+    for i in (0, 1):
+        table(i, temperature=1.0).save(folder / f"train-{i:03d}-0.safetensors")
+    table(0).save(folder / "heldout-000-0.safetensors")
+    mod = script_module("joint_signals")
+    assert mod.main([str(folder), "--k", "4", "--stride", "2", "--output", str(tmp_path / "s.json")]) == 0
+    report = json.loads((tmp_path / "s.json").read_text())
+    assert {k.split()[0] for k in report} == {"heldout", "train"}  # grouped by split and nearest whole K
+    train = next(v for k, v in report.items() if k.startswith("train"))
+    assert train["points"] > 10 and 0 <= train["accepted_mean"] <= 4
+    assert sum(b["n"] for b in train["by_match"].values()) == train["points"]
+    assert "correlation target_p" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        mod.parse_args([str(tmp_path / "missing")])

@@ -60,7 +60,7 @@ def summarise(x: np.ndarray) -> dict:
                 for lo, hi in bins for m in [(x[:, col] >= lo) & (x[:, col] < hi)]}
 
     return {"points": len(x), "accepted_mean": float(x[:, 2].mean()) if len(x) else None,
-            "corr_target_p": corr(x[:, 0], x[:, 2]), "corr_match": corr(np.minimum(x[:, 1], 16), x[:, 2]),
+            "corr_target_p": corr(x[:, 0], x[:, 2]), "corr_match": corr(x[:, 1], x[:, 2]),
             "by_target_p": binned(0, P_BINS), "by_match": binned(1, MATCH_BINS)}
 
 

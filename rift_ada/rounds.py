@@ -53,6 +53,16 @@ def sample(probs: torch.Tensor | None, logits: torch.Tensor, generator: torch.Ge
     return int(probs.nonzero()[-1])  # u beyond cdf[-1] by rounding: the last token with any probability
 
 
+def token_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float, top_k: int = 0,
+                top_p: float = 1.0) -> torch.Tensor:
+    """Each token's probability under the sampling distribution of the logits that predicted it (1 for greedy): the
+    ``p`` a replay table stores and the decoder's ``target_p`` signal reads, one definition."""
+    probs = sampling_probs(logits, temperature, top_k, top_p)
+    if probs is None:
+        return torch.ones(tokens.shape[0], device=logits.device)
+    return probs.gather(-1, tokens.to(probs.device)[:, None])[:, 0]
+
+
 def accept(drafts: list[int], q_probs: list, t_logits: torch.Tensor, generator: torch.Generator,
            temperature: float, top_k: int = 0, top_p: float = 1.0) -> tuple[int, int]:
     """(accepted count, next token) of a round: ``drafts`` drawn from ``q_probs``, ``t_logits`` the target's

@@ -36,7 +36,7 @@ from .cache import RiftCache
 from .layout import CacheLayout
 from .models import check_vocab
 from .recurrent import TargetStates
-from .rounds import accept, cut_at_eos, draft_count, entropy, sample, sampling_probs
+from .rounds import accept, cut_at_eos, draft_count, entropy, sample, sampling_probs, token_probs
 from .signals import (FRESH, RUNWAY_CAP, DecoderState, acceptance, recent_after, since_refresh_after, suffix_match,
                       target_p_mean)
 from .static import StaticKV, static_steps
@@ -347,10 +347,7 @@ class SpeculativeDecoder:
     def _emitted_p(self, t_logits: torch.Tensor, new: list[int]) -> list[float]:
         """The target's probability of each emitted token under the sampling settings (1 greedy: a replay table's
         ``p``), from the logits that predicted it."""
-        if self.temperature == 0:
-            return [1.0] * len(new)
-        probs = sampling_probs(t_logits[:len(new)], *self._sampling)
-        return probs.gather(-1, torch.tensor(new, device=probs.device)[:, None])[:, 0].tolist()
+        return token_probs(t_logits[:len(new)], torch.tensor(new), *self._sampling).tolist()
 
     def _verify(self, tokens: list[int]) -> torch.Tensor:
         """The target's logits at each of ``tokens`` (the pending token and the drafts), one forward."""

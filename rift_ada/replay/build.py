@@ -16,7 +16,7 @@ import torch
 from ..architectures import UnsupportedModelError
 from ..cache import RiftCache
 from ..layout import CacheLayout
-from ..rounds import entropy, sampling_probs
+from ..rounds import entropy, sampling_probs, token_probs
 from ..signals import RUNWAY_CAP
 from ..speculative import Decoding
 from .rows import RowPass, dense_pass, selections
@@ -84,7 +84,7 @@ def build_table(target, draft, prompt_ids: Sequence[int], layout: CacheLayout, d
     if decoding.temperature > 0:
         logits = target(ids, position_ids=torch.arange(ids.shape[1], device=device)[None], use_cache=False,
                         logits_to_keep=N + 1).logits[0, :N].float()  # position P - 1 + u predicts token u
-        p = sampling_probs(logits, decoding.temperature, decoding.top_k, decoding.top_p).gather(-1, x[:, None])[:, 0]
+        p = token_probs(logits, x, decoding.temperature, decoding.top_k, decoding.top_p)
     seconds["target_p"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     dense = dense_pass(draft, ids)

@@ -126,6 +126,7 @@ class JointRefreshEnv(gym.Env):
         self._choice = self.choices[int(action)]
         state = self.decoder.state
         rec = next(self._rounds)
-        seconds = self.costs.round_seconds(rec.draft_length, rec.refreshed, state.prompt_tokens + state.generated)
+        seconds = self.costs.round_seconds(rec.draft_length, rec.refreshed, state.prompt_tokens + state.generated,
+                                           state.since_draft)
         obs = observe(self.decoder.state, self.costs, self.k_max)
         return obs, reward(rec, seconds, self.plain_s), self.decoder.done, False, info(rec, seconds)

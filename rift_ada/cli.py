@@ -114,7 +114,8 @@ def add_cache_options(parser: argparse.ArgumentParser, policy: str | None = "rif
     g.add_argument("--window-fraction", type=float, default=0.5, help="share of the budget for the sliding window")
     g.add_argument("--window", type=int, default=None, help="sliding window in tokens (overrides the fraction)")
     g.add_argument("--sinks", type=int, default=4, help="attention sinks kept by the 'window' policy")
-    g.add_argument("--scorer", default="snapkv", help=f"one of: {', '.join(SCORERS)}")
+    g.add_argument("--scorer", default="snapkv", help=f"one of: {', '.join(SCORERS)}; or a learned scorer's file "
+                   "(PATH.pt: experiments/train_scorer.py)")
     g.add_argument("--obs-window", type=int, default=32, help="observation queries used for scoring")
     g.add_argument("--kernel", type=int, default=7, help="snapkv pooling kernel")
     g.add_argument("--pooling", default="max", help="snapkv pooling: max, avg or none")

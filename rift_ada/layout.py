@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .scorers import SCORERS, make_scorer
+from .scorers import SCORERS, is_scorer_file, make_scorer
 
 KINDS = ("full", "window", "snapkv", "rift")
 MAX_REFRESH_GRID = 64  # the observation queries of a grid point must still be in the cache's query buffer
@@ -42,7 +42,7 @@ class CacheLayout:
     window_fraction: float = 0.5
     window: int | None = None  # rift: the sliding window in tokens (overrides window_fraction)
     sinks: int = 4  # window: first tokens always kept
-    scorer: str = "snapkv"
+    scorer: str = "snapkv"  # a registered scorer's name, or a learned scorer's file (scorers/learned.py)
     obs_window: int = 32
     lookahead: int = 64  # snapkv scores extended this far forward (0 = plain SnapKV); see scorers/base.py
     scorer_options: tuple = ()  # e.g. (("kernel", 7), ("pooling", "max")) for snapkv
@@ -53,8 +53,9 @@ class CacheLayout:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"unknown cache layout {self.kind!r}; choose one of {', '.join(KINDS)}")
-        if self.scorer not in SCORERS:
-            raise ValueError(f"unknown scorer {self.scorer!r}; choose one of {', '.join(SCORERS)}")
+        if self.scorer not in SCORERS and not is_scorer_file(self.scorer):
+            raise ValueError(f"unknown scorer {self.scorer!r}; choose one of {', '.join(SCORERS)}, or a learned "
+                             "scorer's file (*.pt)")
         if self.obs_window < 1:
             raise ValueError(f"observation window must be >= 1, got {self.obs_window}")
         if self.lookahead < 0:

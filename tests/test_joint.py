@@ -39,6 +39,15 @@ def test_round_costs_interpolate_extend_round_trip_and_say_where_they_were_measu
     assert c.verify(1, 1792) == pytest.approx(0.030)  # the last segment's line, extended
     assert c.round_seconds(3, True, 256) == pytest.approx(3 * 0.002 + 0.016 + 0.004)
     assert c.round_seconds(0, False, 1024) == pytest.approx(0.020)  # a plain target step
+    assert c.round_seconds(3, False, 256, missed=9) == c.round_seconds(3, False, 256)  # no catch-up measured
+    caught = replace(c, missed=(1, 8), catch_up_s=((0.001, 0.008), (0.002, 0.016)))
+    assert caught.catch_up(4, 256) == pytest.approx(0.004) and caught.catch_up(8, 1024) == pytest.approx(0.016)
+    assert caught.catch_up(24, 1024) == pytest.approx(0.048)  # beyond the last count: in proportion (chunks)
+    assert caught.round_seconds(2, False, 640, missed=1) == pytest.approx(2 * 0.0025 + 0.0215 + 0.0015)
+    assert caught.round_seconds(0, False, 640, missed=8) == pytest.approx(0.015)  # a plain step reads no draft
+    assert RoundCosts.from_dict(caught.to_dict()) == caught
+    old = {k: v for k, v in c.to_dict().items() if k not in ("missed", "catch_up_s")}  # a file from before
+    assert RoundCosts.from_dict(old) == c
     assert RoundCosts.from_dict(json.loads(json.dumps(c.to_dict()))) == c
     with pytest.raises(ValueError, match="not a round-cost model"):
         RoundCosts.from_dict({"lengths": [1]}, "f.pt")
@@ -56,8 +65,11 @@ def test_round_costs_interpolate_extend_round_trip_and_say_where_they_were_measu
 def test_measured_costs_come_from_real_rounds():
     pair = cached_testbed_pair("testbed")
     dec = SpeculativeDecoder.for_pair(pair, LAYOUT, Decoding(4, draft_step="static", verify_step="static"))
-    c = measure_round_costs(dec, {512: prompt(tokens=512), 1024: prompt(tokens=1024)}, (0, 2, 4), repeats=3)
+    c = measure_round_costs(dec, {512: prompt(tokens=512), 1024: prompt(tokens=1024)}, (0, 2, 4), repeats=3,
+                            missed=(1, 48))
     assert c.lengths == (512, 1024) and c.blocks == (1, 3, 5) and c.budget == 64 and c.steps == "static"
+    # catching up on 48 plain-step tokens is a 47-token forward of the draft: dearer than on one (one more step)
+    assert c.missed == (1, 48) and all(row[1] > row[0] for row in c.catch_up_s)
     assert all(np.all(np.diff(row) >= 0) for row in c.verify_s)  # a wider verify never costs less
     assert min(c.draft_s) > 0 and min(c.refresh_s) > 0 and c.machine["threads"] >= 1
     with pytest.raises(ValueError, match="stay <= the decoder's k"):

@@ -170,3 +170,20 @@ def test_what_the_static_step_cannot_run_is_refused_in_one_line():
         assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="verify_step must be"):
         SpeculativeDecoder(model("llama"), None, layout(), verify_step="fast")
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_grouped_attention_equals_sdpa_gqa(tokens):
+    """The query heads folded into their KV head's rows give SDPA's own grouped-query attention, head for head, under
+    a causal mask over a buffer longer than the context (the static verify's case) and without grouping."""
+    from rift_ada.static import grouped_attention
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 6, tokens, 16, generator=g)
+    k, v = torch.randn(2, 1, 2, 40, 16, generator=g)
+    pos = torch.arange(30, 30 + tokens)
+    mask = (torch.arange(40)[None] <= pos[:, None])[None, None]
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
+    torch.testing.assert_close(grouped_attention(q, k, v, mask, 0.3), want)
+    k6, v6 = k.repeat_interleave(3, 1), v.repeat_interleave(3, 1)
+    torch.testing.assert_close(grouped_attention(q, k6, v6, mask, 0.3), want)

@@ -81,7 +81,7 @@ def gains(env, horizon: int = 16) -> np.ndarray:
     for i, (refresh, k) in enumerate(env.choices):
         row, kk = (fresh if refresh else r.row), min(k, r.max_new - r.g - 1)
         expected = 1.0 + float(np.cumprod(r.acc[row, r.g:r.g + kk]).sum()) if kk > 0 else 1.0
-        out[i] = expected - costs.round_seconds(kk, refresh and kk > 0, context) / env.plain_s
+        out[i] = expected - costs.round_seconds(kk, refresh and kk > 0, context, r.since_draft) / env.plain_s
         if refresh:
             out[i] += float(r.acc[fresh, r.g:r.g + horizon].sum() - r.acc[r.row, r.g:r.g + horizon].sum())
     return out

@@ -2,9 +2,10 @@
 
 A round that drafts k tokens at context length L (prompt + generated) and refreshes or not costs
 
-    k * draft_s(L) + verify_s(k + 1, L) + refresh_s(L) * [refreshed]
+    k * draft_s(L) + verify_s(k + 1, L) + refresh_s(L) * [refreshed] + catch_up_s(m, L) * [k > 0]
 
-(k = 0 is a plain target step: verify_s(1, L)). ``measure_round_costs`` runs real rounds of the decoder at a few
+(k = 0 is a plain target step: verify_s(1, L); m the tokens plain steps emitted since the draft last ran, which it
+reads before it drafts). ``measure_round_costs`` runs real rounds of the decoder at a few
 context lengths and draft lengths and keeps the medians of their phase times; between measured points the model
 interpolates linearly (and extends the last segment's line beyond them). The machine it was measured on is stored
 with it: a controller that learned one machine's costs says so when it runs on another (:meth:`RoundCosts.check`).
@@ -43,16 +44,23 @@ class RoundCosts:
     budget: int  # the draft cache's budget they were measured at
     steps: str = "model"  # the draft and verify steps they were measured with ("model", "static", "compiled")
     machine: dict = field(default_factory=machine)
+    missed: tuple[int, ...] = ()  # plain-step tokens a drafting round's catch-up was measured after
+    catch_up_s: tuple[tuple[float, ...], ...] = ()  # [length][missed]: the draft's extra seconds to read them
 
     def __post_init__(self):
         lengths, blocks = list(self.lengths), list(self.blocks)
         if len(lengths) < 1 or lengths != sorted(set(lengths)) or len(blocks) < 2 or blocks != sorted(set(blocks)):
             raise ValueError(f"RoundCosts: lengths and blocks must be increasing (>= 1 length, >= 2 blocks), got "
                              f"{lengths} and {blocks}")
+        if list(self.missed) != sorted(set(self.missed)) or any(m < 1 for m in self.missed):
+            raise ValueError(f"RoundCosts: missed must be increasing counts >= 1, got {list(self.missed)}")
         grid = np.asarray(self.verify_s, dtype=np.float64)
         for name, x, shape in (("verify_s", grid, (len(lengths), len(blocks))),
                                ("draft_s", np.asarray(self.draft_s, dtype=np.float64), (len(lengths),)),
-                               ("refresh_s", np.asarray(self.refresh_s, dtype=np.float64), (len(lengths),))):
+                               ("refresh_s", np.asarray(self.refresh_s, dtype=np.float64), (len(lengths),)),
+                               ("catch_up_s", np.asarray(self.catch_up_s, dtype=np.float64).reshape(
+                                   len(self.catch_up_s), -1 if self.catch_up_s else 0),
+                                (len(lengths) if self.missed else 0, len(self.missed)))):
             if x.shape != shape or not np.isfinite(x).all() or (x < 0).any():
                 raise ValueError(f"RoundCosts.{name} must hold {shape} finite seconds >= 0, got shape {x.shape}")
 
@@ -67,9 +75,22 @@ class RoundCosts:
     def refresh(self, context: float) -> float:
         return max(_line(self.lengths, self.refresh_s, context), 0.0)
 
-    def round_seconds(self, draft_length: int, refreshed: bool, context: float) -> float:
+    def catch_up(self, missed: int, context: float) -> float:
+        """The draft's extra seconds, before its first draft token, to read ``missed`` tokens plain steps emitted
+        (0 if these costs did not measure it; between measured counts linear, beyond the last in proportion: the
+        draft reads them in forwards of a fixed number of tokens)."""
+        if missed <= 0 or not self.missed:
+            return 0.0
+        last = self.missed[-1]
+        by_length = [float(np.interp(missed, self.missed, row)) if missed <= last else row[-1] * missed / last
+                     for row in self.catch_up_s]
+        return max(_line(self.lengths, by_length, context), 0.0)
+
+    def round_seconds(self, draft_length: int, refreshed: bool, context: float, missed: int = 0) -> float:
+        """A round's modelled seconds; ``missed``: tokens plain steps emitted since the draft last ran."""
         return (draft_length * self.draft(context) + self.verify(draft_length + 1, context)
-                + (self.refresh(context) if refreshed else 0.0))
+                + (self.refresh(context) if refreshed else 0.0)
+                + (self.catch_up(missed, context) if draft_length else 0.0))
 
     def features(self, context: float, k_max: int) -> list[float]:
         """What a joint controller reads of the costs at ``context``, in plain target steps: a draft token, the verify
@@ -83,7 +104,8 @@ class RoundCosts:
         d = asdict(self)
         return {**d, "lengths": list(self.lengths), "blocks": list(self.blocks),
                 "verify_s": [list(map(float, r)) for r in self.verify_s], "draft_s": list(map(float, self.draft_s)),
-                "refresh_s": list(map(float, self.refresh_s))}
+                "refresh_s": list(map(float, self.refresh_s)), "missed": list(self.missed),
+                "catch_up_s": [list(map(float, r)) for r in self.catch_up_s]}
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "the cost model") -> "RoundCosts":
@@ -91,7 +113,9 @@ class RoundCosts:
             return cls(tuple(int(x) for x in d["lengths"]), tuple(int(x) for x in d["blocks"]),
                        tuple(tuple(float(x) for x in r) for r in d["verify_s"]),
                        tuple(float(x) for x in d["draft_s"]), tuple(float(x) for x in d["refresh_s"]),
-                       int(d["budget"]), str(d.get("steps", "model")), dict(d.get("machine") or {}))
+                       int(d["budget"]), str(d.get("steps", "model")), dict(d.get("machine") or {}),
+                       tuple(int(x) for x in d.get("missed", ())),
+                       tuple(tuple(float(x) for x in r) for r in d.get("catch_up_s", ())))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{where}: not a round-cost model ({type(e).__name__}: {e})") from None
 
@@ -122,14 +146,18 @@ def _line(xs, ys, x: float) -> float:
     return ys[i] + t * (ys[i + 1] - ys[i])
 
 
+MISSED = (1, 2, 4, 8, 16, 48)  # plain-step tokens before a drafting round whose catch-up is measured
+
+
 def measure_round_costs(decoder, prompts: dict[int, list[int]], draft_lengths=(0, 1, 2, 3, 5, 8, 11),
-                        repeats: int = 8, seed: int = 0, progress: bool = False) -> RoundCosts:
+                        repeats: int = 8, seed: int = 0, progress: bool = False, missed=MISSED) -> RoundCosts:
     """Run real rounds of ``decoder`` (its layout must refresh) on ``prompts`` (context length -> prompt ids): at each
     length, ``repeats`` rounds at every draft length in ``draft_lengths`` (0 included: a plain target step), in a
     shuffled order (so a slow spell of the machine falls on every k alike), every fourth one refreshing, after one
     warm-up round. Each phase's median is the model; a wider verify never costs less than a narrower one (the
     medians of a few rounds jitter by more than a block's difference on a busy CPU: the running maximum over widths
-    is kept)."""
+    is kept). Then the catch-up: for each count m in ``missed``, m plain steps and a round drafting one token, three
+    times; the draft's seconds beyond one draft token (the median) is what reading m missed tokens costs."""
     from tqdm.auto import tqdm
 
     from ..costs import check_refreshable
@@ -140,17 +168,21 @@ def measure_round_costs(decoder, prompts: dict[int, list[int]], draft_lengths=(0
         raise ValueError(f"draft lengths {ks} must include one >= 1 and stay <= the decoder's k ({decoder.k})")
     order = [k for k in ks for _ in range(repeats)]
     np.random.default_rng(seed).shuffle(order)
-    need = sum(k + 1 for k in order) + max(ks) + 2
-    lengths, verify, draft, refresh = sorted(prompts), [], [], []
+    missed = sorted(set(int(m) for m in missed))
+    need = sum(k + 1 for k in order) + max(ks) + 2 + 3 * sum(m + 4 for m in missed)
+    lengths, verify, draft, refresh, catch_up = sorted(prompts), [], [], [], []
     for length in tqdm(lengths, desc="round costs", disable=not progress):
         decoder.reset(prompts[length], need)
         decoder.step(True, max(ks))  # warm-up: first-call allocations are not a round's cost
         times, drafts, refreshes = {k: [] for k in ks}, [], []
-        for i, k in enumerate(order):
+        def step(refresh: bool, k: int):
             if decoder.done:
                 raise ValueError(f"measuring round costs: the generation at {length} tokens ended early (an EOS): "
                                  "give a prompt that continues")
-            rec = decoder.step(k > 0 and i % 4 == 0, k)
+            return decoder.step(refresh, k)
+
+        for i, k in enumerate(order):
+            rec = step(k > 0 and i % 4 == 0, k)
             times[k].append(rec.verify_seconds + rec.rollback_seconds)
             if rec.draft_length:
                 drafts.append(rec.draft_seconds / rec.draft_length)
@@ -159,7 +191,14 @@ def measure_round_costs(decoder, prompts: dict[int, list[int]], draft_lengths=(0
         verify.append(tuple(np.maximum.accumulate([median(times[k]) for k in ks]).tolist()))
         draft.append(median(drafts))
         refresh.append(median(refreshes))
+        extra = {m: [] for m in missed}
+        for m in [m for m in missed for _ in range(3)]:
+            step(False, 1)  # the draft is current: the m plain steps below are all it misses
+            for _ in range(m):
+                step(False, 0)
+            extra[m].append(step(False, 1).draft_seconds - draft[-1])
+        catch_up.append(tuple(max(median(extra[m]), 0.0) for m in missed))
     steps = decoder.verify_step if decoder.verify_step == decoder.draft_step else (
         f"{decoder.draft_step}/{decoder.verify_step}")
     return RoundCosts(tuple(lengths), tuple(k + 1 for k in ks), tuple(verify), tuple(draft), tuple(refresh),
-                      decoder.layout.budget, steps)
+                      decoder.layout.budget, steps, missed=tuple(missed), catch_up_s=tuple(catch_up))

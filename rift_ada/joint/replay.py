@@ -17,10 +17,11 @@ from .costs import RoundCosts
 
 
 def priced_step(replay: Replay, refresh: bool, k: int, costs: RoundCosts):
-    """One replayed round and its modelled seconds (at the context before it: prompt + generated)."""
-    context = replay.prompt_tokens + replay.g
+    """One replayed round and its modelled seconds (at the context before it: prompt + generated; after the plain
+    steps since the draft last ran)."""
+    context, missed = replay.prompt_tokens + replay.g, replay.since_draft
     rec = replay.step(refresh, k)
-    return rec, costs.round_seconds(rec.draft_length, rec.refreshed, context)
+    return rec, costs.round_seconds(rec.draft_length, rec.refreshed, context, missed)
 
 
 def replay_joint(tables, act, costs: RoundCosts, k_max: int = 11, episodes: int = 4, seed: int = 0) -> dict:

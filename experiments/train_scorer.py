@@ -52,7 +52,7 @@ def parse_args(argv=None):
     e.add_argument("--curve-prompts", type=int, default=4)
     e.add_argument("--curve-temperature", type=float, default=1.0)
     e.add_argument("--table-prompts", type=int, default=8)
-    e.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.0])
+    e.add_argument("--temperatures", type=float, nargs="+", default=[1.0], help="the table's (default: %(default)s)")
     e.add_argument("--lookaheads", type=int, nargs="+", default=[0, 64, 128, 192, 256],
                    help="SnapKV lookaheads of the table's baseline rows (64: the default)")
     e.add_argument("--period", type=int, default=32, help="rift-dyn's default refresh period")

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from rift_ada.cli import policy_from_args
 from rift_ada.evaluate import build_parser, run
 from rift_ada.layout import CacheLayout
 from rift_ada.scorers import make_scorer, window_attention
 from rift_ada.scorers.learned import LearnedScorer, features, make_net, n_features, profiles
+from tests.conftest import script_module
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", WANDB_SILENT="true")
@@ -85,6 +87,15 @@ def test_training_script_writes_a_scorer_every_entry_point_loads(tmp_path):
                             "--budget", "64", "--prompts", "1", "--input-tokens", "512", "--max-new-tokens", "16",
                             "--drafters", "testbed"], env=ENV, capture_output=True, text=True, timeout=600)
     assert table.returncode == 0, table.stderr[-2000:]
+
+    # The main job builds its layout from the same options before anything slow: the file is what it scores with.
+    job = script_module("train_controller")
+    args = job.parse_args(["--scorer", scorer, "--budget", "64"])
+    assert isinstance(policy_from_args(args, "rift-ada", controller="never").layout.make_scorer(), LearnedScorer)
+    bad = subprocess.run([sys.executable, str(ROOT / "experiments" / "train_controller.py"), "--scorer",
+                          str(out / "missing.pt"), "--output-dir", str(out / "job")], env=ENV, capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode == 2 and "no learned scorer file" in bad.stderr and "Traceback" not in bad.stderr
 
     from rift_ada.hf import rift_generate
     from rift_ada.models import load_pair

@@ -42,6 +42,8 @@ def parse_args(argv=None):
     p.add_argument("--controller", default=None, help="a controller file whose act() is timed on the decoder's state")
     args = p.parse_args(argv)
     require_positive(p, args, ("input_tokens", "new_tokens", "repeats", "budget"))
+    if args.new_tokens < 2:  # the first token comes with the prefill: per-token figures need a second one
+        p.error(f"--new-tokens must be >= 2, got {args.new_tokens}")
     return args
 
 

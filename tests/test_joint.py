@@ -362,5 +362,6 @@ def test_plain_step_overhead_times_the_loop_apart_from_the_forward(capsys):
     assert sorted(r["loop"] for r in out["rows"]) == ["decoder", "decoder", "plain", "plain"]
     for r in out["rows"]:
         assert 0 < r["forward_ms"] < r["ms_per_token"] and r["loop_ms"] > 0
-    with pytest.raises(SystemExit):
-        mod.parse_args(["--new-tokens", "0"])
+    for bad in ("0", "1"):  # one token is the prefill's: no decode step to time
+        with pytest.raises(SystemExit):
+            mod.parse_args(["--new-tokens", bad])

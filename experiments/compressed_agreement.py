@@ -5,9 +5,9 @@
 
 On held-out prompts the target's greedy continuation and top-k log-probabilities are stored once (--targets-dir,
 the compressibility trainer's format). Each model then reads prompt + continuation under the masks of a RIFT-stat
-cache at each --budgets (its own dense pass selects at the prompt end, as rift-stat does; the masks are the
-trainer's, tested against the cache's own logits) and is scored against the target's distribution per position:
-``accept`` = mean sum(min(p, q)) (the chance a token drafted at temperature 1 is kept) and ``top1`` (the draft's
+cache at each --budgets (its own dense pass selects at the prompt end, as rift-stat does, and with --period N again
+every N continuation tokens, as rift-dyn does; the masks are the trainer's, tested against the cache's own logits)
+and is scored against the target's distribution per position: ``accept`` = mean sum(min(p, q)) (the chance a token drafted at temperature 1 is kept) and ``top1`` (the draft's
 argmax is the target's: temperature 0), overall and on the continuation's second half, where a prefill-time
 selection has gone stale. Any causal LM sharing the tokenizer can be scored, the target included: the target on
 its own compressed cache shows what a larger model predicts from the same number of kept tokens, which is what
@@ -34,6 +34,8 @@ def parse_args(argv=None):
     p.add_argument("--lora", default=None, help="a LoRA adapter: the first of --models is also scored with it")
     p.add_argument("--budgets", type=float, nargs="+", default=[0.125, 0.25],
                    help="RIFT-stat budgets as fractions of the prompt (default: %(default)s)")
+    p.add_argument("--period", type=int, default=None,
+                   help="also score RIFT-dyn at each budget, re-selecting every this many continuation tokens")
     p.add_argument("--new-tokens", type=int, default=128, help="continuation tokens scored per prompt")
     p.add_argument("--targets-dir", default=None, help="where the target outputs are kept (default: not kept)")
     p.add_argument("--output", default=None, help="write the numbers here (JSON)")
@@ -41,13 +43,16 @@ def parse_args(argv=None):
     add_runtime_options(p)
     args = p.parse_args(argv)
     require_positive(p, args, ("new_tokens", "prompts", "threads"))
+    if args.period is not None and args.period < 1:
+        p.error("--period must be >= 1")
     if any(not 0 < b <= 1 for b in args.budgets):
         p.error("--budgets are fractions of the prompt in (0, 1]")
     return args
 
 
-def score(model, samples: list[dict], budget: float | None) -> dict:
-    """Mean acceptance probability and top-1 agreement of ``model`` under RIFT-stat masks (budget None: dense)."""
+def score(model, samples: list[dict], budget: float | None, period: int | None = None) -> dict:
+    """Mean acceptance probability and top-1 agreement of ``model`` under RIFT-stat masks (budget None: dense), or
+    RIFT-dyn's re-selected every ``period`` tokens."""
     from rift_ada.trainers import compressibility as C
 
     accept, top1, late_accept, late_top1 = [], [], [], []
@@ -56,7 +61,7 @@ def score(model, samples: list[dict], budget: float | None) -> dict:
         p = len(s["prompt_ids"])
         masks = None
         if budget is not None:
-            masks = C.compressed_masks(model, ids, p, C.sample_layout(p, (budget,), random.Random(0)))
+            masks = C.compressed_masks(model, ids, p, C.sample_layout(p, (budget,), random.Random(0)), period)
         with torch.no_grad():
             logits = C.continuation_logits(model, ids, masks, p).cpu()
         a, t = C.position_acceptance(logits, s["topk_ids"], s["topk_logprobs"])
@@ -112,10 +117,14 @@ def _main(args) -> int:
             versions.append((f"{name} + {args.lora}", lora.load_drafter(model, args.lora, merge=True)))
         for label, m in versions:
             use_rift_attention(m)
-            for budget in [None, *args.budgets]:
-                row = {"model": label, "budget_fraction": budget, **score(m, samples, budget)}
+            settings = [(None, None)] + [(b, None) for b in args.budgets] + \
+                [(b, args.period) for b in args.budgets if args.period]
+            for budget, period in settings:
+                row = {"model": label, "budget_fraction": budget, "period": period,
+                       **score(m, samples, budget, period)}
                 rows.append(row)
-                where = "full cache" if budget is None else f"rift-stat {100 * budget:g}%"
+                where = "full cache" if budget is None else \
+                    f"rift-{'dyn' if period else 'stat'} {100 * budget:g}%"
                 print(f"{label:40s} {where:16s} accept {row['accept']:.4f} top1 {row['top1']:.4f} | second half: "
                       f"accept {row['accept_second_half']:.4f} top1 {row['top1_second_half']:.4f}", flush=True)
     write_output(args.output, {"args": vars(args), "rows": rows})

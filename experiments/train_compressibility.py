@@ -4,7 +4,7 @@
     python experiments/train_compressibility.py --drafter self       # LoRA on the target as its own drafter
 
 1. Target outputs (continuations + top-k log-probabilities) for training prompts of every task format (low, sort,
-   mixed, high; the standard library's training split), stored in <output-dir>/targets (reused when present; see
+   mixed, high, or --train-tasks; the standard library's training split), stored in <output-dir>/targets (reused when present; see
    trainers/compressibility.py for the format).
 2. LoRA training (peft) of the drafter: a frozen dense pass picks importance positions with the inference scorer,
    a masked pass learns the acceptance-aware loss (KL(target || draft) weighted towards rejected positions, plus
@@ -52,6 +52,8 @@ def parse_args(argv=None):
     add_runtime_options(p)
     m = p.add_argument_group("data")
     m.add_argument("--train-prompts", type=int, default=32)
+    m.add_argument("--train-tasks", nargs="+", default=None, choices=("low", "sort", "mixed", "high"),
+                   help="task families of the training prompts (default: low sort mixed high, interleaved)")
     m.add_argument("--input-tokens", type=int, default=2048, help="prompt length of training and eval prompts")
     m.add_argument("--continuation-tokens", type=int, default=128, help="target tokens per training sample")
     m.add_argument("--top-k", type=int, default=32, help="target log-probabilities stored per position")
@@ -189,7 +191,8 @@ def _main(args, device: str) -> int:
     pair = load_pair(args.target, args.drafter, device=device, dtype=args.dtype, device_map=args.device_map)
     targets = Path(args.targets) if args.targets else out / "targets"
     samples = C.target_outputs(pair, targets, bool(args.targets), args.target, args.train_prompts, args.input_tokens,
-                               args.continuation_tokens, args.top_k, args.target_temperature, args.seed)
+                               args.continuation_tokens, args.top_k, args.target_temperature, args.seed,
+                               tuple(args.train_tasks or C.TRAIN_FAMILIES))
     if args.build_targets_only:
         if main:
             print(f"target outputs: {len(samples)} samples in {targets}")

@@ -12,8 +12,12 @@
    --budget-fraction on --curve-prompts prompts of --source-dir (code the models never saw) every --eval-every steps
    in W&B, against SnapKV's (the default scorer) on the same prompts.
 4. The table (--table-prompts prompts of --source-dir, --temperatures): rift-stat AL with SnapKV at each --lookaheads
-   value and with the learned scorer; rift-dyn AL with SnapKV at --period and with the learned scorer at 2x --period.
-   <output-dir>/results.json and table.md; each row is a unit of <output-dir>/state (a rerun resumes).
+   value and with the learned scorer; rift-dyn AL with SnapKV at --period and 2x --period, and with the learned
+   scorer at 2x --period. <output-dir>/results.json and table.md; each row is a unit of <output-dir>/state (a rerun
+   resumes).
+
+    python experiments/train_scorer.py --scorer experiments/results/scorer/scorer.pt --temperatures 1 0 \
+        --output-dir runs/scorer-table          # the table alone, for a scorer trained before (no training)
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ def parse_args(argv=None):
                    help="SnapKV lookaheads of the table's baseline rows (64: the default)")
     e.add_argument("--period", type=int, default=32, help="rift-dyn's default refresh period")
     e.add_argument("--draft-length", type=int, default=11)
+    e.add_argument("--scorer", default=None,
+                   help="a trained scorer file: skip steps 1-3 and make the table with it")
     o = p.add_argument_group("output")
     o.add_argument("--output-dir", default="runs/scorer")
     o.add_argument("--seed", type=int, default=0)
@@ -96,9 +102,11 @@ def _main(args) -> int:
     config = config_of(args, ("output_dir", "threads", "wandb_project", "wandb_mode"))
     state.check_config(config, "delete --output-dir's state folder to start over, or choose another --output-dir")
     source = source_folder(args.source_dir) if args.source_dir not in (None, "stdlib") else None
+    if args.scorer is not None and not Path(args.scorer).is_file():
+        raise FileNotFoundError(f"--scorer {args.scorer!r} is not a file (a scorer.pt this script wrote)")
     pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype)
-    samples = C.target_outputs(pair, out / "targets", False, args.target, args.train_prompts, args.input_tokens,
-                               args.continuation_tokens, 1, 0.0, args.seed)
+    samples = None if args.scorer else C.target_outputs(pair, out / "targets", False, args.target, args.train_prompts,
+                                                        args.input_tokens, args.continuation_tokens, 1, 0.0, args.seed)
     held = HeldOut(task=args.task, prompts=args.table_prompts, input_tokens=args.input_tokens,
                    new_tokens=args.new_tokens, draft_length=args.draft_length, period=args.period, budgets=(),
                    temperatures=tuple(args.temperatures), seed=args.seed)
@@ -111,13 +119,13 @@ def _main(args) -> int:
     def al(ids, temperature: float, scorer: str = "snapkv", lookahead: int = 64, period: int | None = None) -> float:
         return acceptance(pair, ids, budget, temperature, scorer, lookahead, period, args)
 
-    scorer_file = out / "scorer.pt"
+    scorer_file = Path(args.scorer) if args.scorer else out / "scorer.pt"
     curve_ids = prompts[:args.curve_prompts]
-    baseline = state.unit("curve-snapkv", lambda: {"al": al(curve_ids, args.curve_temperature)})["al"]
     cfg = S.ScorerConfig(stride=args.stride, points=args.points, horizon=args.horizon, steps=args.steps,
                          batch=args.batch, lr=args.lr, hidden=args.hidden, seed=args.seed)
 
     def train() -> dict:
+        baseline = state.unit("curve-snapkv", lambda: {"al": al(curve_ids, args.curve_temperature)})["al"]
         data = S.examples(pair.draft, samples, cfg)
         t0 = time.time()
         curve = (lambda s: {"al_rift_stat": al(curve_ids, args.curve_temperature, str(scorer_file))}) \
@@ -128,7 +136,8 @@ def _main(args) -> int:
         return {"history": history, "train_seconds": time.time() - t0, "examples": len(data),
                 "coverage": {"snapkv_raw": S.coverage(None, data, keep), "learned": S.coverage(scorer, data, keep)}}
 
-    trained = state.unit("train", train)
+    trained = {"history": [], "train_seconds": 0.0, "examples": 0, "coverage": None} if args.scorer else \
+        state.unit("train", train)
     if not scorer_file.is_file():
         raise RuntimeError(f"{scorer_file} is missing though the state says training finished: delete "
                            f"{out / 'state'} and rerun")
@@ -137,6 +146,7 @@ def _main(args) -> int:
         configs = [(f"rift-stat snapkv lookahead {la}", "snapkv", la, None) for la in args.lookaheads]
         configs += [("rift-stat learned", str(scorer_file), 64, None),
                     (f"rift-dyn snapkv period {args.period}", "snapkv", 64, args.period),
+                    (f"rift-dyn snapkv period {2 * args.period}", "snapkv", 64, 2 * args.period),
                     (f"rift-dyn learned period {2 * args.period}", str(scorer_file), 64, 2 * args.period)]
         for name, sc, la, period in configs:
             r = state.unit(f"table-t{temp:g}-{name.replace(' ', '-')}",
@@ -153,9 +163,10 @@ def _main(args) -> int:
                                          data=[[r["temperature"], r["row"], r["al"]] for r in rows])})
     run.finish()
     print(table)
-    print(f"\nscorer: {scorer_file} | training {trained['train_seconds']:.0f} s | attention the kept slots cover "
-          f"(training examples): SnapKV's raw scores {trained['coverage']['snapkv_raw']:.3f}, learned "
-          f"{trained['coverage']['learned']:.3f}")
+    if trained["coverage"] is not None:
+        print(f"\nscorer: {scorer_file} | training {trained['train_seconds']:.0f} s | attention the kept slots cover "
+              f"(training examples): SnapKV's raw scores {trained['coverage']['snapkv_raw']:.3f}, learned "
+              f"{trained['coverage']['learned']:.3f}")
     return 0
 
 

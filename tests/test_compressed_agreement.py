@@ -32,6 +32,25 @@ def test_the_target_predicts_its_own_continuation_and_compression_costs(tmp_path
     assert other.returncode == 2 and "other prompts" in other.stderr and "Traceback" not in other.stderr
 
 
+def test_rift_dyn_rows_reselect(tmp_path):
+    """--period adds a RIFT-dyn row per budget; one whose period outlasts the continuation never re-selects, so it
+    reads exactly the RIFT-stat cache."""
+    common = ["--target", "testbed-lm", "--models", "testbed-lm-draft", "--prompts", "1", "--input-tokens", "1024",
+              "--new-tokens", "24", "--budgets", "0.0625", "--targets-dir", str(tmp_path / "targets")]
+    rows = {}
+    for period in ("4", "100"):
+        out = tmp_path / f"p{period}.json"
+        res = run(*common, "--period", period, "--output", str(out))
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert "rift-dyn 6.25%" in res.stdout
+        rows[period] = {(r["budget_fraction"], r["period"]): r for r in json.loads(out.read_text())["rows"]}
+        assert set(rows[period]) == {(None, None), (0.0625, None), (0.0625, int(period))}
+    assert rows["100"][0.0625, 100]["accept"] == rows["100"][0.0625, None]["accept"]
+    assert rows["4"][0.0625, 4]["accept"] != rows["4"][0.0625, None]["accept"]
+
+
 def test_bad_budgets_are_refused():
     res = run("--budgets", "0")
     assert res.returncode == 2 and "--budgets are fractions" in res.stderr
+    res = run("--period", "0")
+    assert res.returncode == 2 and "--period must be >= 1" in res.stderr

@@ -74,6 +74,10 @@ def test_source_dir_inside_site_packages(tokenizer):
     assert "site-packages" in root
     files = load_corpus(root)
     assert len(files) > 100 and all("site-packages" not in f.name for f in files)
+    # An installed package by name reads the same folder (every --source-dir takes `pip`, `sklearn`, ...).
+    assert [f.name for f in load_corpus("sklearn")] == [f.name for f in files]
+    with pytest.raises(FileNotFoundError, match="'no_such_package_xyz' does not exist"):
+        load_corpus("no_such_package_xyz")
 
 
 def test_bad_input_is_clear(tokenizer, tmp_path):

@@ -76,10 +76,23 @@ def test_training_script_writes_a_scorer_every_entry_point_loads(tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert [r["row"] for r in results["rows"]] == [
         "rift-stat snapkv lookahead 0", "rift-stat snapkv lookahead 64", "rift-stat learned",
-        "rift-dyn snapkv period 32", "rift-dyn learned period 64"]
+        "rift-dyn snapkv period 32", "rift-dyn snapkv period 64", "rift-dyn learned period 64"]
     assert [p["step"] for p in results["history"]] == [0, 6, 12]
     assert all(p["al_rift_stat"] >= 1 for p in results["history"]) and list((out / "wandb").glob("offline-run-*"))
     scorer = str(out / "scorer.pt")
+
+    # --scorer: the table alone for a scorer trained before; no targets built, no training, the same rows.
+    table_only = [a for a in args if a != str(out)][:-1] + ["--output-dir", str(tmp_path / "table"), "--scorer", scorer]
+    res = subprocess.run([sys.executable, str(ROOT / "experiments" / "train_scorer.py"), *table_only], env=ENV,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    again = json.loads((tmp_path / "table" / "results.json").read_text())
+    assert again["rows"] == results["rows"] and again["history"] == [] and again["train_seconds"] == 0
+    assert not (tmp_path / "table" / "targets").exists()
+    missing = subprocess.run([sys.executable, str(ROOT / "experiments" / "train_scorer.py"), "--scorer",
+                              str(out / "missing.pt"), "--output-dir", str(tmp_path / "none")], env=ENV,
+                             capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 2 and "is not a file" in missing.stderr and "Traceback" not in missing.stderr
     common = ["--budget", "64", "--prompts", "1", "--input-tokens", "512", "--max-new-tokens", "24", "--json"]
     for policy in (["--policy", "rift-stat"], ["--policy", "rift-dyn", "--period", "8"]):
         assert run(build_parser().parse_args([*policy, "--scorer", scorer, *common]))["target_greedy_match"] == 1.0

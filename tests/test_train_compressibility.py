@@ -38,11 +38,23 @@ def test_small_run_then_adapter_in_evaluate(tmp_path):
     assert again.returncode == 0 and "target outputs" not in again.stderr
 
 
+def test_training_task_families(tokenizer):
+    from rift_ada.trainers.compressibility import TRAIN_FAMILIES, training_tasks
+
+    mixed = training_tasks(tokenizer, 8, 1024, seed=0)
+    assert [t.family for t in mixed] == list(TRAIN_FAMILIES) * 2  # interleaved: any prefix holds every family
+    low = training_tasks(tokenizer, 3, 1024, seed=0, families=("low",))
+    assert [t.family for t in low] == ["low"] * 3
+    assert low[0].prompt == mixed[0].prompt  # a family's prompts do not depend on which others are drawn
+
+
 def test_bad_input_is_clear(tmp_path):
     res = script("--budgets", "0", "0.5", "--output-dir", str(tmp_path))
     assert res.returncode == 2 and "--budgets are fractions" in res.stderr and "Traceback" not in res.stderr
     res = script("--eval-budgets", "1.5", "--output-dir", str(tmp_path))
     assert res.returncode == 2 and "--eval-budgets are fractions" in res.stderr
+    res = script("--train-tasks", "medium", "--output-dir", str(tmp_path))
+    assert res.returncode == 2 and "invalid choice: 'medium'" in res.stderr
     res = script("--dense-share", "1.5", "--output-dir", str(tmp_path))
     assert res.returncode == 2 and "--dense-share is a share" in res.stderr
     res = script("--lora-layers", "7", "--steps", "1", "--train-prompts", "1", "--input-tokens", "1024",

@@ -62,7 +62,7 @@ TRAIN_FAMILIES = ("low", "sort", "mixed", "high")
 @torch.inference_mode()
 def build_target_outputs(target, prompts: list[list[int]], continuation_tokens: int, folder: str | Path,
                          top_k: int = 32, temperature: float = 0.0, seed: int = 0, target_name: str = "",
-                         progress: bool = True) -> Path:
+                         progress: bool = True, extra_meta: dict | None = None) -> Path:
     """Generate each prompt's continuation with the target (greedy, or sampled at ``temperature``) and store it
     with the target's top-k log-probabilities (at temperature 1: the distribution the draft learns).
 
@@ -110,7 +110,7 @@ def build_target_outputs(target, prompts: list[list[int]], continuation_tokens: 
         atomic_write(folder / "samples.pt", lambda tmp: torch.save(samples, tmp))
         meta = {"format": FORMAT, "target": target_name, "top_k": top_k, "temperature": temperature,
                 "samples": len(samples), "vocab_size": target.config.vocab_size,
-                "continuation_tokens": continuation_tokens}
+                "continuation_tokens": continuation_tokens, **(extra_meta or {})}
         write_json(folder / "meta.json", meta)
         partial.unlink(missing_ok=True)
     distributed.barrier()  # the folder is complete before any process reads it
@@ -152,19 +152,22 @@ def load_target_outputs(folder: str | Path, vocab_size: int | None = None) -> tu
     return meta, samples
 
 
-def training_tasks(tokenizer, n: int, input_tokens: int, seed: int) -> list:
-    """The training prompts: every task format the evaluation asks for (TRAIN_FAMILIES, interleaved so that any
-    prefix holds all of them), built from the standard library's training split, never from the eval split."""
+def training_tasks(tokenizer, n: int, input_tokens: int, seed: int,
+                   families: tuple[str, ...] = TRAIN_FAMILIES) -> list:
+    """The training prompts: the task ``families`` (default every format the evaluation asks for, interleaved so
+    that any prefix holds all of them), built from the standard library's training split, never from the eval split."""
     from rift_ada.data import build_tasks
 
-    per = -(-n // len(TRAIN_FAMILIES))
-    built = [build_tasks(tokenizer, f, n=per, input_tokens=input_tokens, seed=seed + 100 + i, split="train")
-             for i, f in enumerate(tqdm(TRAIN_FAMILIES, desc="building prompts", disable=not distributed.is_main()))]
+    per = -(-n // len(families))
+    built = [build_tasks(tokenizer, f, n=per, input_tokens=input_tokens, seed=seed + 100 + TRAIN_FAMILIES.index(f)
+                         if f in TRAIN_FAMILIES else seed + 100 + len(TRAIN_FAMILIES), split="train")
+             for f in tqdm(families, desc="building prompts", disable=not distributed.is_main())]
     return [fam[i] for i in range(per) for fam in built][:n]
 
 
 def target_outputs(pair, folder: str | Path, given: bool, target_name: str, prompts: int, input_tokens: int,
-                   continuation_tokens: int, top_k: int, temperature: float, seed: int) -> list[dict]:
+                   continuation_tokens: int, top_k: int, temperature: float, seed: int,
+                   families: tuple[str, ...] = TRAIN_FAMILIES) -> list[dict]:
     """The target's outputs to distil, from ``folder``: ``given`` ones (FileNotFoundError if missing), or built there
     from ``prompts`` training prompts (:func:`training_tasks`; sharded under torchrun) unless a previous run built
     them with the same settings; ones built with other settings are refused (ValueError)."""
@@ -174,12 +177,15 @@ def target_outputs(pair, folder: str | Path, given: bool, target_name: str, prom
     if not (folder / "meta.json").is_file():
         if given:
             raise FileNotFoundError(f"no target outputs in {str(folder)!r} (meta.json missing)")
-        tasks = training_tasks(pair.tokenizer, prompts, input_tokens, seed)
+        tasks = training_tasks(pair.tokenizer, prompts, input_tokens, seed, families)
         build_target_outputs(pair.target, encode_prompts(pair.tokenizer, tasks), continuation_tokens, folder, top_k,
-                             temperature, seed, target_name)
+                             temperature, seed, target_name,
+                             extra_meta=None if tuple(families) == TRAIN_FAMILIES else {"families": list(families)})
     meta, samples = load_target_outputs(folder, vocab_size=pair.draft.config.vocab_size)
     want = {"target": target_name, "top_k": top_k, "temperature": temperature,
             "continuation_tokens": continuation_tokens, "samples": prompts}
+    if tuple(families) != TRAIN_FAMILIES:  # the default leaves older folders' meta.json valid
+        want["families"] = list(families)
     diff = [f"{k} {meta.get(k)!r} -> {v!r}" for k, v in want.items() if meta.get(k) != v]
     if diff and not given:  # an older run's, in the output folder
         raise ValueError(f"{folder} holds target outputs built with other settings ({'; '.join(diff)}); delete it, "

@@ -40,6 +40,13 @@ def load_corpus(source_dir: str | Path | None = None, split: str = "all", min_li
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     root = Path(source_dir) if source_dir is not None else stdlib_dir()
+    if not root.is_dir() and isinstance(source_dir, str) and source_dir.isidentifier():
+        from .sources import source_folder  # an installed package by name (``pip``), as every --source-dir takes
+
+        try:
+            root = source_folder(source_dir) or stdlib_dir()
+        except ValueError:
+            pass
     if not root.is_dir():
         raise FileNotFoundError(f"source directory {str(root)!r} does not exist or is not a folder")
     files = []

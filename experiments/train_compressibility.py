@@ -4,8 +4,8 @@
     python experiments/train_compressibility.py --drafter self       # LoRA on the target as its own drafter
 
 1. Target outputs (continuations + top-k log-probabilities) for training prompts of every task format (low, sort,
-   mixed, high, or --train-tasks; the standard library's training split), stored in <output-dir>/targets (reused when present; see
-   trainers/compressibility.py for the format).
+   mixed, high, or --train-tasks; the standard library's training split), stored in <output-dir>/targets (reused
+   when present; see trainers/compressibility.py for the format).
 2. LoRA training (peft) of the drafter: a frozen dense pass picks importance positions with the inference scorer,
    a masked pass learns the acceptance-aware loss (KL(target || draft) weighted towards rejected positions, plus
    the rejection probability) on the continuation; each sample draws its budget from --budgets (fractions of the
@@ -42,6 +42,7 @@ import warnings
 from pathlib import Path
 
 from rift_ada import distributed
+from rift_ada.data.tasks import TASK_FAMILIES
 from rift_ada.cli import (ArgumentParser, add_model_options, add_runtime_options, apply_runtime, fail_in_group,
                           require_positive)
 
@@ -52,8 +53,7 @@ def parse_args(argv=None):
     add_runtime_options(p)
     m = p.add_argument_group("data")
     m.add_argument("--train-prompts", type=int, default=32)
-    m.add_argument("--train-tasks", nargs="+", default=None, choices=("low", "sort", "mixed", "high"),
-                   help="task families of the training prompts (default: low sort mixed high, interleaved)")
+    m.add_argument("--train-tasks", nargs="+", choices=TASK_FAMILIES, help="training task families (default: all four)")
     m.add_argument("--input-tokens", type=int, default=2048, help="prompt length of training and eval prompts")
     m.add_argument("--continuation-tokens", type=int, default=128, help="target tokens per training sample")
     m.add_argument("--top-k", type=int, default=32, help="target log-probabilities stored per position")

@@ -159,8 +159,9 @@ def training_tasks(tokenizer, n: int, input_tokens: int, seed: int,
     from rift_ada.data import build_tasks
 
     per = -(-n // len(families))
-    built = [build_tasks(tokenizer, f, n=per, input_tokens=input_tokens, seed=seed + 100 + TRAIN_FAMILIES.index(f)
-                         if f in TRAIN_FAMILIES else seed + 100 + len(TRAIN_FAMILIES), split="train")
+    # A family's seed is its place in TRAIN_FAMILIES, so its prompts do not depend on which others are drawn.
+    built = [build_tasks(tokenizer, f, n=per, input_tokens=input_tokens, seed=seed + 100 + TRAIN_FAMILIES.index(f),
+                         split="train")
              for f in tqdm(families, desc="building prompts", disable=not distributed.is_main())]
     return [fam[i] for i in range(per) for fam in built][:n]
 

@@ -8,10 +8,11 @@ the compressibility trainer's format). Each model then reads prompt + continuati
 cache at each --budgets (its own dense pass selects at the prompt end, as rift-stat does, and with --period N again
 every N continuation tokens, as rift-dyn does; the masks are the trainer's, tested against the cache's own logits)
 and is scored against the target's distribution per position: ``accept`` = mean sum(min(p, q)) (the chance a token
-drafted at temperature 1 is kept) and ``top1`` (the draft's argmax is the target's: temperature 0), overall and on the continuation's second half, where a prefill-time
-selection has gone stale. Any causal LM sharing the tokenizer can be scored, the target included: the target on
-its own compressed cache shows what a larger model predicts from the same number of kept tokens, which is what
-separates "the draft has not learned to use its compressed cache" from "the kept tokens do not hold the answer".
+drafted at temperature 1 is kept) and ``top1`` (the draft's argmax is the target's: temperature 0), overall and on
+the continuation's second half, where a prefill-time selection has gone stale. Any causal LM sharing the tokenizer
+can be scored, the target included: the target on its own compressed cache shows what a larger model predicts from
+the same number of kept tokens, which is what separates "the draft has not learned to use its compressed cache" from
+"the kept tokens do not hold the answer".
 """
 
 from __future__ import annotations

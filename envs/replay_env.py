@@ -48,6 +48,7 @@ class ReplayEnv(gym.Env):
         self.render_mode = render_mode
         costs = cost_model("ReplayEnv", costs)
         check_reward(lam, refresh_cost, reward, costs)
+        # A config or a sweep may hand numpy integers; Replay takes plain ones.
         draft_length = int(draft_length) if isinstance(draft_length, np.integer) else draft_length
         tables = env_tables("ReplayEnv", tables, build)
         if not tables:

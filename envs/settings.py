@@ -21,6 +21,9 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Setup:
+    """The build keywords with their defaults; :meth:`of` checks given ones. One setting serves the live env (its
+    decoder and prompts) and the replay envs (the tables' models, prompts and cache)."""
+
     target: str = "testbed"  # a registered name, a local HuggingFace folder or a hub id
     drafter: str = "testbed"  # as --drafter: "self", a name whose NAME-draft is registered, or any model
     # How many prompts to build (cycling through ``task``'s families), or the prompts themselves: strings, or token

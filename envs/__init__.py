@@ -3,8 +3,17 @@ the models, ``ReplayEnv`` replays tables (``rift_ada.replay``) with the same obs
 ``JointReplayEnv`` replays them with the joint action (refresh and draft length, ``rift_ada.joint``) and the time
 reward.
 
-``gymnasium.make("rift_ada/Refresh-v0", ...)`` and ``gymnasium.make("rift_ada/Replay-v0", tables=...)`` work once
-this package is imported.
+Once this package is imported, each id makes a working environment with no arguments, on the built-in testbed
+(``gymnasium.make("rift_ada/Replay-v0")``; without the import, ``"rift_ada.envs:rift_ada/Replay-v0"``), and every
+knob is a plain keyword (``gymnasium.make(id, **kwargs)``, ``gymnasium.make_vec``, SB3's ``make_vec_env``):
+
+- ``rift_ada/Refresh-v0``: ``RefreshEnv``, the testbed pair decoding the default prompts (``settings.py``);
+- ``rift_ada/Replay-v0``: ``ReplayEnv`` over the default replay tables, built on first use (about a minute) and
+  cached (``tables.py``);
+- ``rift_ada/JointReplay-v0``: ``JointReplayEnv`` over the same tables, priced by the testbed pair's measured round
+  costs (``costs.py``).
+
+Passing a decoder, tables or cost objects keeps working for code that has them.
 """
 
 import gymnasium as gym

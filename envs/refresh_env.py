@@ -15,8 +15,13 @@ is applied before the round's drafting. The observation is the signal vector of 
   to trace a tradeoff curve, as with the tokens reward). A full-k round without refresh earns its accepted drafts,
   as in the tokens reward.
 
-The environment is handed a ready decoder (models, layout, k, temperature) and encoded prompts: whoever builds the
-experiment builds them once, and the env only drives rounds.
+The environment drives a ready decoder (models, layout, k, temperature) over encoded prompts: whoever builds the
+experiment may hand it both. Without a decoder it builds one from plain keywords (``rift_ada.envs.settings.Setup``:
+``target``, ``drafter``, ``budget``, ``refresh_grid``, ``draft_length``, ``temperature``, ``seed``, ``device``,
+``dtype``; the models load once per process), and ``prompts`` may be a number of prompts to build (``task``,
+``source_dir``, ``input_tokens``) or strings, so ``gymnasium.make("rift_ada/Refresh-v0")`` runs the testbed pair on
+the default prompts: the same pair, cache and prompts as the default ``rift_ada/Replay-v0`` tables. ``costs``: a
+``CostModel``, a dict or a JSON file of one.
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ from rift_ada.costs import CostModel
 from rift_ada.metrics import acceptance_length
 from rift_ada.speculative import SpeculativeDecoder
 
+from . import render
+from .costs import cost_model
+from .settings import Setup, take_keywords
+
 REWARDS = ("tokens", "time")
 
 
@@ -41,7 +50,7 @@ def check_reward(lam: float, refresh_cost: float, reward: str, costs) -> None:
     if reward not in REWARDS:
         raise ValueError(f"reward must be one of {', '.join(REWARDS)}, got {reward!r}")
     if reward == "time" and not isinstance(costs, CostModel):
-        raise ValueError("reward='time' needs costs=CostModel(...) (measure them once with "
+        raise ValueError("reward='time' needs costs=CostModel(...) or a JSON file of one (measure them once with "
                          "rift_ada.costs.measure_costs)")
 
 
@@ -54,13 +63,33 @@ def round_reward(rec, kind: str, k: int, lam: float, refresh_cost: float, costs:
     return float(rec.accepted - (lam * refresh_cost if rec.refreshed else 0.0))
 
 
-class RefreshEnv(gym.Env):
-    metadata = {"render_modes": []}
+# The keywords that build the decoder and the prompts when no decoder is given (beside prompts and max_new_tokens).
+BUILD_KEYWORDS = ("target", "drafter", "task", "source_dir", "input_tokens", "budget", "refresh_grid", "draft_length",
+                  "temperature", "seed", "device", "dtype")
 
-    def __init__(self, decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]], max_new_tokens: int = 256,
-                 lam: float = 1.0, refresh_cost: float = 2.0, reward: str = "tokens", costs: CostModel | None = None):
+
+class RefreshEnv(gym.Env):
+    metadata = {"render_modes": list(render.MODES), "render_fps": render.FPS}
+
+    def __init__(self, decoder: SpeculativeDecoder | None = None, prompts: Sequence | int | None = None,
+                 max_new_tokens: int = 256, lam: float = 1.0, refresh_cost: float = 2.0, reward: str = "tokens",
+                 costs: CostModel | dict | str | None = None, render_mode: str | None = None, **build):
         super().__init__()
+        take_keywords(type(self), build, BUILD_KEYWORDS)
+        render.check_render_mode("RefreshEnv", render_mode)
+        self.render_mode = render_mode
+        costs = cost_model("RefreshEnv", costs)
         check_reward(lam, refresh_cost, reward, costs)
+        if decoder is None:
+            decoder, prompts, max_new_tokens = built(prompts, max_new_tokens, build)
+        else:
+            given = sorted(k for k, v in build.items() if v is not None)
+            if given:
+                raise ValueError(f"RefreshEnv: {', '.join(given)} only build{'s' if len(given) == 1 else ''} the "
+                                 "decoder or the prompts when no decoder is given")
+            if prompts is None or isinstance(prompts, int) or any(isinstance(p, str) for p in prompts):
+                raise ValueError("RefreshEnv: with a decoder, give prompts as token ids (lists of ints): it has no "
+                                 "tokenizer to build or encode them")
         if not prompts:
             raise ValueError("RefreshEnv needs at least one prompt")
         if not decoder.layout.refreshable:
@@ -100,6 +129,11 @@ class RefreshEnv(gym.Env):
         rec = next(self._rounds)
         return signals.observe(self.decoder.state), self.reward(rec), self.decoder.done, False, self._info(rec)
 
+    def render(self):
+        if self.render_mode == "rgb_array":
+            return render.strip_chart(self.decoder.result.rounds if self.prompt_index is not None else ())
+        return None
+
     def reward(self, rec) -> float:
         """The reward of round ``rec`` (a ``RoundRecord``) under this env's reward and lambda (module docstring)."""
         return round_reward(rec, self.reward_kind, self.decoder.k, self.lam, self.refresh_cost, self.costs)
@@ -117,3 +151,11 @@ class RefreshEnv(gym.Env):
         if self.costs is not None:  # the episode so far, modelled with the measured costs (lam aside)
             info["modelled_seconds"] = self.costs.seconds(rounds)
         return info
+
+
+def built(prompts, max_new_tokens: int, build: dict):
+    """A decoder and encoded prompts from plain keywords (``Setup``), and max_new_tokens checked."""
+    setup = Setup.of("RefreshEnv", {**build, "prompts": prompts, "max_new_tokens": max_new_tokens})
+    pair = setup.pair("RefreshEnv")
+    return (SpeculativeDecoder.for_pair(pair, setup.layout(), setup.decoding()), setup.prompt_ids(pair.tokenizer),
+            setup.max_new_tokens)

@@ -6,6 +6,15 @@ decoding loop unchanged; but a step is arithmetic over a table (``rift_ada.repla
 two models: tens of thousands of steps per second on one core instead of a few. One episode is one table (drawn
 with the env's generator, or ``options={"table_index": i}``); with sampling tables the rejection rule's coin flips
 come from the same generator, so a seed fixes the whole trajectory.
+
+Every knob is a plain keyword, so ``gymnasium.make("rift_ada/Replay-v0", **kwargs)`` builds it. ``tables``: replay
+tables, table files or a folder of them (``python -m rift_ada.replay build``, a main job's ``tables/``); None (the
+default) replays the tables that the build keywords describe (``rift_ada.envs.settings.Setup``: ``target``,
+``drafter``, ``prompts``, ``task``, ``source_dir``, ``input_tokens``, ``max_new_tokens``, ``budget``,
+``refresh_grid``, ``temperature``, ``seed``, ``device``, ``dtype``), built on first use and cached
+(``rift_ada.envs.tables``): with none given, the testbed pair on 3 training-split stdlib prompts (low, sort, high) of
+1,024 tokens, 256 new tokens each, budget 256, grid 8, T = 1. ``costs``: a ``CostModel``, a dict or a JSON file of
+one.
 """
 
 from __future__ import annotations
@@ -20,19 +29,30 @@ from rift_ada.costs import CostModel
 from rift_ada.replay.process import Replay
 from rift_ada.replay.table import ReplayTable
 
+from . import render
+from .costs import cost_model
 from .refresh_env import check_reward, round_reward
+from .settings import take_keywords
+from .tables import BUILD_KEYWORDS, env_tables
 
 
 class ReplayEnv(gym.Env):
-    metadata = {"render_modes": []}
+    metadata = {"render_modes": list(render.MODES), "render_fps": render.FPS}
 
-    def __init__(self, tables: Sequence[ReplayTable], draft_length: int = 11, lam: float = 1.0,
-                 refresh_cost: float = 2.0, reward: str = "tokens", costs: CostModel | None = None,
-                 shaping: bool = False, gamma: float = 0.99):
+    def __init__(self, tables: Sequence[ReplayTable] | str | None = None, draft_length: int = 11, lam: float = 1.0,
+                 refresh_cost: float = 2.0, reward: str = "tokens", costs: CostModel | dict | str | None = None,
+                 shaping: bool = False, gamma: float = 0.99, render_mode: str | None = None, **build):
         super().__init__()
+        take_keywords(type(self), build, BUILD_KEYWORDS)
+        render.check_render_mode("ReplayEnv", render_mode)
+        self.render_mode = render_mode
+        costs = cost_model("ReplayEnv", costs)
+        check_reward(lam, refresh_cost, reward, costs)
+        # A config or a sweep may hand numpy integers; Replay takes plain ones.
+        draft_length = int(draft_length) if isinstance(draft_length, np.integer) else draft_length
+        tables = env_tables("ReplayEnv", tables, build)
         if not tables:
             raise ValueError("ReplayEnv needs at least one replay table")
-        check_reward(lam, refresh_cost, reward, costs)
         check_same_settings(tables)
         self.tables = list(tables)
         self.replays = [Replay(t, draft_length) for t in self.tables]
@@ -73,6 +93,11 @@ class ReplayEnv(gym.Env):
         if self.shaping:
             reward += self.gamma * self._potential() - before
         return signals.observe(r.state), reward, r.done, False, self._info(rec)
+
+    def render(self):
+        if self.render_mode == "rgb_array":
+            return render.strip_chart(self.replay.rounds if self.replay is not None else ())
+        return None
 
     def _oracle(self, table):
         """The oracle whose cost is this env's reward, negated: per round 1 + the refresh price (tokens: lam x the

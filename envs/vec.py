@@ -17,7 +17,6 @@ models: ``experiments/bench_env.py`` measures steps per second for each choice.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Sequence
 
 import torch
@@ -26,14 +25,7 @@ from rift_ada.costs import CostModel
 from rift_ada.layout import CacheLayout
 
 from .refresh_env import RefreshEnv
-
-
-@lru_cache(maxsize=4)
-def shared_pair(target: str, drafter: str, device: str, dtype: str | None):
-    """``rift_ada.models.load_pair``, once per process and settings: every env of a process shares the models."""
-    from rift_ada.models import load_pair
-
-    return load_pair(target, drafter, device=device, dtype=dtype)
+from .settings import shared_pair  # noqa: F401  (experiments/bench_env.py loads the pair through it)
 
 
 @dataclass(frozen=True)

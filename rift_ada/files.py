@@ -1,7 +1,9 @@
-"""Writing the files the project reads back (whole or not at all), and reading its torch files back safely."""
+"""Writing the files the project reads back (whole or not at all), reading its torch files back safely, and the
+cache folder where what is built on first use is kept (under a lock: several processes may ask for it at once)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -26,6 +28,28 @@ def atomic_write(path: str | Path, write) -> Path:
 
 def write_json(path: str | Path, payload) -> Path:
     return atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(payload, indent=1)))
+
+
+def cache_root() -> Path:
+    """Where what is built on first use is kept (the composed testbed pair, the envs' default replay tables):
+    ``$RIFT_ADA_CACHE``, else ``$XDG_CACHE_HOME/rift_ada`` (``~/.cache``)."""
+    if os.environ.get("RIFT_ADA_CACHE"):
+        return Path(os.environ["RIFT_ADA_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "rift_ada"
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    """An exclusive lock on ``path`` (test workers and torchrun ranks may all ask for the same build at once)."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def read_torch(path: str | Path, what: str) -> object:

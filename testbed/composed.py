@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from rift_ada.files import cache_root, locked
+
 from .circuit import CopyCircuit, compose, sort_labels
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -45,13 +47,6 @@ CIRCUITS = {"target": CopyCircuit(label_dim=16, windows=((4, 8), (8, 16), (16, 2
             "draft": CopyCircuit(windows=((4, 12), (12, 40)), far_windows=((40, 120),), match_dim=6)}
 # Code whose change changes the composed weights: part of the cache key.
 _SOURCES = (Path(__file__).resolve().parent / "circuit.py", Path(__file__).resolve())
-
-
-def cache_root() -> Path:
-    """Where composed pairs are kept: ``$RIFT_ADA_CACHE``, else ``$XDG_CACHE_HOME/rift_ada`` (``~/.cache``)."""
-    if os.environ.get("RIFT_ADA_CACHE"):
-        return Path(os.environ["RIFT_ADA_CACHE"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "rift_ada"
 
 
 def lm_folder(role: str, assets: Path = ASSETS) -> Path:
@@ -173,20 +168,6 @@ def _hash_inputs(paths: tuple, stamps: tuple) -> str:
     return h.hexdigest()[:16]
 
 
-@contextlib.contextmanager
-def _locked(path: Path):
-    """An exclusive lock on ``path`` (test workers and torchrun ranks may all ask for the pair at once)."""
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def composed_folder(role: str, assets: Path = ASSETS) -> Path:
     """A HuggingFace folder holding the composed ``role`` model and the tokenizer: composed on first use (about
     ten seconds on 2 cores), then reused while the stored models, settings and circuit code are unchanged."""
@@ -197,7 +178,7 @@ def composed_folder(role: str, assets: Path = ASSETS) -> Path:
     out = cache_root() / name
     if (out / "config.json").is_file():
         return out
-    with _locked(cache_root() / f".{name}.lock"):
+    with locked(cache_root() / f".{name}.lock"):
         if (out / "config.json").is_file():  # another process composed it while this one waited
             return out
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache_root()))

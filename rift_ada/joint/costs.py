@@ -13,6 +13,7 @@ with it: a controller that learned one machine's costs says so when it runs on a
 
 from __future__ import annotations
 
+import math
 import platform
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -98,6 +99,27 @@ class RoundCosts:
         plain = self.verify(1, context)
         return [self.draft(context) / plain, (self.verify(k_max + 1, context) - plain) / (k_max * plain),
                 self.refresh(context) / plain]
+
+    def feature_range(self, k_max: int, last: int, first: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """The least and the greatest of :meth:`features` (float32, as an observation holds them) over the integer
+        contexts ``first`` .. ``last``: an environment's finite observation bounds. Exact, from a few contexts:
+        between the measured lengths and the points where a clamped line meets its floor, each cost is affine in
+        the context, so each feature (a ratio of two of them, the denominator positive) is monotone there and
+        takes its extremes over the integers at the ends of such a piece."""
+        if not 1 <= first <= last:
+            raise ValueError(f"feature_range needs 1 <= first <= last, got {first} and {last}")
+        knots = {float(first), float(last), *map(float, self.lengths)}
+        lines = [(self.draft_s, 0.0), (self.refresh_s, 0.0)]
+        lines += [([_line(self.blocks, row, q) for row in self.verify_s], 1e-6) for q in (1, k_max + 1)]
+        xs = list(self.lengths)
+        for ys, floor in lines:
+            for i in range(len(xs) - 1):
+                slope = (float(ys[i + 1]) - float(ys[i])) / (xs[i + 1] - xs[i])
+                if slope:
+                    knots.add(xs[i] + (floor - float(ys[i])) / slope)
+        contexts = sorted({c for k in knots for c in (math.floor(k), math.ceil(k)) if first <= c <= last})
+        values = np.asarray([self.features(c, k_max) for c in contexts], dtype=np.float32)
+        return values.min(0), values.max(0)
 
     # --- files ---------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict:

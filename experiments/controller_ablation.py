@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from rift_ada.cli import ArgumentParser, fail
+from rift_ada.data.sources import mix_sources
 
 # Variant name -> the signals it hides.
 GROUPS = {
@@ -98,8 +99,8 @@ def ablate(train, heldout, opts, args) -> dict:
     from rift_ada.trainers.oracle_labels import imitate
 
     k, price = opts.get("draft_length", 11), opts.get("label_price", 4.0)
-    sources = len(str(opts.get("train_sources", "x")).split(","))
-    source = [i % sources for i in range(len(train))]  # the main job interleaves its prompts by code base
+    source = mix_sources(str(opts.get("train_sources", "x")), len(train))
+    sources = max(source) + 1
     schedules = [solve(t, k, price) for t in train]
     baseline = {name: [{"family": "periodic", "knob": n, **replay_counts(tabs, PeriodicController(n), k, args.episodes)}
                        for n in args.periods] + [{"family": "never", "knob": "-",

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from rift_ada.cli import ArgumentParser, fail
+from rift_ada.data.sources import mix_sources
 
 VARIANTS = ("clone only", "plain", "clone, then PPO", "default")
 
@@ -78,8 +79,8 @@ def cross_validate(train, opts, variant, args) -> dict:
 
     k, lam, seed = opts.get("draft_length", 11), opts["lams"][0], opts.get("seed", 0)
     env = dict(draft_length=k, lam=lam, refresh_cost=opts.get("refresh_cost", 2.0), shaping=opts.get("shaping", True))
-    sources = len(str(opts.get("train_sources", "x")).split(","))
-    source = [i % sources for i in range(len(train))]  # the main job interleaves its prompts by code base
+    source = mix_sources(str(opts.get("train_sources", "x")), len(train))
+    sources = max(source) + 1
     recipe = {"clone only": dict(timesteps=0, clone=True, learning_rate=3e-4, ent_coef=0.01, value_warmup=0),
               "plain": dict(clone=False, learning_rate=3e-4, ent_coef=0.01, value_warmup=0),
               "clone, then PPO": dict(clone=True, learning_rate=3e-4, ent_coef=0.01, value_warmup=0),

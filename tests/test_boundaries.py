@@ -28,6 +28,60 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
+def import_cycles(package: Path, root: Path = ROOT) -> list[list[str]]:
+    """Module sets of ``package`` that import each other in a circle (strongly connected components of the import
+    graph, function-local imports included: a lazy import hides a circle from Python, not from a reader)."""
+    modules = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in package.rglob("*.py")}
+
+    def deps(path: Path) -> set[str]:  # `from . import sub` imports the module sub, not its package's contents
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                out |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    pkg = list(path.relative_to(root).parent.parts)
+                    base = ".".join(pkg[:len(pkg) - node.level + 1] + ([base] if base else []))
+                out |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+        return out
+
+    graph = {m: {d for d in deps(p) if d in modules and d != m} for m, p in modules.items()}
+    index, low, stack, cycles = {}, {}, [], []
+
+    def visit(v):  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_circles_in_the_core(tmp_path):
+    assert import_cycles(ROOT / "rift_ada") == []
+    # The check finds a circle: corpus -> sources (lazily) -> tasks -> corpus, as rift_ada/data once had.
+    data = tmp_path / "rift_ada" / "data"
+    data.mkdir(parents=True)
+    for name, body in (("corpus", "def f():\n    from .sources import g\n"), ("sources", "from .tasks import h\n"),
+                       ("tasks", "from .corpus import f\n"), ("jsonl", "from .tasks import h\n")):
+        (data / f"{name}.py").write_text(body)
+    assert import_cycles(tmp_path / "rift_ada", tmp_path) == [["rift_ada.data.corpus", "rift_ada.data.sources", "rift_ada.data.tasks"]]
+
+
 def test_core_never_imports_the_layers_above():
     offenders = {}
     for path in (ROOT / "rift_ada").rglob("*.py"):

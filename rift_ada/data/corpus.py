@@ -7,6 +7,7 @@ does not depend on which other files exist.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,24 @@ def split_of(name: str) -> str:
     return "eval" if bucket < EVAL_PERCENT else "train"
 
 
+def source_folder(name: str) -> Path | None:
+    """The folder of code base ``name`` (None for ``stdlib``); ValueError (one line) for a name that is neither an
+    installed package nor a folder."""
+    if name == "stdlib":
+        return None
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise ValueError(f"code base {name!r} is neither 'stdlib', an installed package nor a folder")
+    return Path(locations[0])
+
+
 def load_corpus(source_dir: str | Path | None = None, split: str = "all", min_lines: int = 1) -> list[SourceFile]:
     """Read every ``*.py`` file under ``source_dir`` (default: the standard library), sorted by name.
 
@@ -41,9 +60,7 @@ def load_corpus(source_dir: str | Path | None = None, split: str = "all", min_li
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     root = Path(source_dir) if source_dir is not None else stdlib_dir()
     if not root.is_dir() and isinstance(source_dir, str) and source_dir.isidentifier():
-        from .sources import source_folder  # an installed package by name (``pip``), as every --source-dir takes
-
-        try:
+        try:  # an installed package by name (``pip``), as every --source-dir takes
             root = source_folder(source_dir) or stdlib_dir()
         except ValueError:
             pass

@@ -6,28 +6,8 @@ A learner that should carry to code it never saw trains on several code bases an
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-from .tasks import build_task_mix
-
-
-def source_folder(name: str) -> Path | None:
-    """The folder of code base ``name`` (None for ``stdlib``); ValueError (one line) for a name that is neither an
-    installed package nor a folder."""
-    if name == "stdlib":
-        return None
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return path
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        spec = None
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    if not locations:
-        raise ValueError(f"code base {name!r} is neither 'stdlib', an installed package nor a folder")
-    return Path(locations[0])
+from .corpus import source_folder
+from .tasks import build_task_mix, task_mix
 
 
 def build_source_mix(tokenizer, sources: list[str], task: str, per_source: int, input_tokens: int, seed: int,
@@ -35,8 +15,6 @@ def build_source_mix(tokenizer, sources: list[str], task: str, per_source: int, 
     """``per_source`` prompts from each code base (cycling through ``task``'s families, each code base starting at
     the next family so every family is drawn from several code bases), as (code base, Task) pairs, interleaved by
     code base."""
-    from .tasks import task_mix
-
     families = task_mix(task)
     per = []
     for j, name in enumerate(sources):
@@ -46,3 +24,14 @@ def build_source_mix(tokenizer, sources: list[str], task: str, per_source: int, 
                                else None, source_dir=folder)
         per.append([(name, t) for t in tasks])
     return [pair for i in range(per_source) for tasks in per for pair in tasks[i:i + 1]]
+
+
+def mix_sources(sources: list[str] | str, n: int) -> list[int]:
+    """Which code base (its index in ``sources``, a list or a comma-separated string) each of the first ``n`` items
+    of :func:`build_source_mix` comes from: it interleaves them by code base, and a job's training tables keep that
+    order. The one statement of that rule for code that gets the tables back without their sources."""
+    count = len(sources.split(",") if isinstance(sources, str) else sources)
+    return [i % count for i in range(n)]
+
+
+__all__ = ["build_source_mix", "mix_sources", "source_folder"]

@@ -169,7 +169,7 @@ class JointPolicy(JointController):
 
     @classmethod
     def from_dict(cls, d: dict, path) -> "JointPolicy":
-        from ..refresh.mlp import _load_weights, build_mlp
+        from ..refresh.mlp import load_weights, build_mlp
 
         if d.get("signals") != list(NAMES):
             raise ValueError(f"{path}: a joint controller for other signals ({d.get('signals')}); this version reads "
@@ -184,7 +184,7 @@ class JointPolicy(JointController):
         if d.get("activation") not in ("tanh", "relu"):
             raise ValueError(f"{path}: 'activation' must be tanh or relu, got {d.get('activation')!r}")
         net = build_mlp(sizes, d["activation"])
-        _load_weights(net, d.get("state_dict"), path)
+        load_weights(net, d.get("state_dict"), path)
         mean, var = np.asarray(d.get("obs_mean"), np.float64), np.asarray(d.get("obs_var"), np.float64)
         if mean.shape != (len(NAMES),) or var.shape != (len(NAMES),) or not (np.isfinite(mean).all()
                                                                               and (var >= 0).all()):

@@ -106,7 +106,7 @@ class MLPController(Controller):
             raise ValueError(f"{path}: 'activation' must be one of {', '.join(_ACTIVATIONS)}, "
                              f"got {short(d.get('activation'))}")
         net = build_mlp(sizes, d["activation"])
-        _load_weights(net, d.get("state_dict"), path)
+        load_weights(net, d.get("state_dict"), path)
         return cls(net.eval(), sizes, d["activation"], np.asarray(numbers(d, "obs_mean", path, n)),
                    np.asarray(numbers(d, "obs_var", path, n, minimum=0)),
                    number(d, "epsilon", path, minimum=0), number(d, "clip", path, minimum=0, finite=False),
@@ -128,7 +128,7 @@ def load_mlp_controller(path: str | Path, d=None) -> MLPController:
     return known()[d["kind"]]._from_dict(d, path)
 
 
-def _load_weights(net: nn.Sequential, state, path) -> None:
+def load_weights(net: nn.Sequential, state, path) -> None:
     """Copy ``state`` into ``net`` after checking its names, shapes and values (one line for the first mismatch)."""
     expected = net.state_dict()
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):

@@ -200,10 +200,16 @@ def decoding_from_args(args, **overrides):
 
 
 def add_task_options(parser: argparse.ArgumentParser, prompts: int = 12, input_tokens: int = 2048,
-                     task: str = "low") -> None:
+                     task: str = "low", several_lengths: bool = False) -> None:
+    """The prompt options every command shares; ``several_lengths``: ``--input-tokens`` takes a list (a command that
+    measures at each length in turn)."""
     g = parser.add_argument_group("prompts")
     g.add_argument("--prompts", type=int, default=prompts, help="number of prompts")
-    g.add_argument("--input-tokens", type=int, default=input_tokens, help="prompt length in tokens (built tasks)")
+    if several_lengths:
+        g.add_argument("--input-tokens", type=int, nargs="+", default=[input_tokens],
+                       help="prompt lengths in tokens (built tasks): one or several, measured in turn")
+    else:
+        g.add_argument("--input-tokens", type=int, default=input_tokens, help="prompt length in tokens (built tasks)")
     g.add_argument("--task", default=task, help=f"task family: {', '.join(TASK_FAMILIES)}, or a comma-separated mix "
                                                 "(low,sort,high: prompts cycle through them)")
     g.add_argument("--source-dir", default=None,

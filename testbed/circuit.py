@@ -105,6 +105,12 @@ class CopyCircuit:
     # The composite's head_dim is 2d + extra_head_dims (even): its non-turning dims (head_dim - d) hold every slot's
     # match code, so more windows, or wider codes, need more of them.
     extra_head_dims: int = 0
+    # Positions the composite serves (0: the trained model's max_position_embeddings): its config's context, and the
+    # horizon over which the label circuit's distance ramp must not turn back (its rotary pairs are chosen by it).
+    # The positional heads' kernels are fitted over 8,192 positions whatever the context: their attention outside
+    # the span is the same at position 40,959 as at 200 (tests/test_circuit.py), and a fit over 40,960 moved the
+    # query windows' evenness enough to derail a 2K draft copy (docs/testbed.md).
+    context: int = 0
 
     @property
     def all_windows(self) -> tuple:
@@ -441,6 +447,7 @@ def _wider_config(cfg, circuit: CopyCircuit, res: _Residual, ckv: int):
     extra = max(nw * md + 1 + (8 if ld else 0) + far, circuit.slots() * md + 3, 2 * od + (2 * od + 4 * ld if ld else 0),
                 3 * ld + 2 * od)
     hd = 2 * d + circuit.extra_head_dims
+    context = circuit.context or cfg.max_position_embeddings
     # longrope turns pair g at 1 / (factor_g theta^(2g / hd)): factor_g = theta^(2g/d - 2g/hd) turns it as in lm
     # (theta^(g/d) for hd = 2d, written so to keep those weights bit for bit).
     factors = [theta ** (g / d) if hd == 2 * d else theta ** (2 * g / d - 2 * g / hd) for g in range(d // 2)] + \
@@ -449,9 +456,9 @@ def _wider_config(cfg, circuit: CopyCircuit, res: _Residual, ckv: int):
         vocab_size=cfg.vocab_size, hidden_size=H, intermediate_size=cfg.intermediate_size + extra,
         num_hidden_layers=max(cfg.num_hidden_layers, 4 if ld else 3), num_attention_heads=nq + cq,
         num_key_value_heads=nkv + ckv, head_dim=hd,
-        max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_eps,
+        max_position_embeddings=context, rms_norm_eps=cfg.rms_norm_eps,
         rope_parameters={"rope_type": "longrope", "rope_theta": theta, "short_factor": factors,
-                         "long_factor": factors, "original_max_position_embeddings": cfg.max_position_embeddings,
+                         "long_factor": factors, "original_max_position_embeddings": context,
                          "factor": 1.0, "attention_factor": 1.0},
         # Untied: the input embedding stores a token's output code where only the match head's values read it,
         # and the unembedding reads the copied code from elsewhere, so a token never boosts itself.
@@ -470,7 +477,7 @@ def _context(lm, model, circuit: CopyCircuit, res: _Residual, offsets: list, pos
     added = model.config.num_hidden_layers - cfg.num_hidden_layers
     return _Ctx(model=model, circuit=circuit, res=res, h=cfg.hidden_size, d=d, nq=cfg.num_attention_heads,
                 nkv=cfg.num_key_value_heads, n_mlp=cfg.intermediate_size,
-                max_positions=cfg.max_position_embeddings,
+                max_positions=circuit.context or cfg.max_position_embeddings,
                 a=circuit.scale * lm.model.embed_tokens.weight.float().norm(dim=1).mean().item(),
                 shrink=math.sqrt(cfg.hidden_size / model.config.hidden_size),
                 omegas=tuple(theta ** (-2 * f / d) for f in range(d // 2)),

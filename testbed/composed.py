@@ -41,10 +41,14 @@ SETTINGS = "circuit.json"
 # switched off for ~120 tokens after a sort header (far_gate) and weighted 0.35; greedy copy on four unseen code
 # bases went from 0.71-0.83 to 0.92-0.96 (teacher-forced proxy, docs/testbed.md). The draft's head_dim of 48 leaves 48
 # non-turning dims: two near windows and a far one of 6-dim codes.
+# Both serve 40,960 positions (a 32K-token prompt and 4K generated tokens, with room): the trained models were
+# trained up to 4.6K tokens, and their context of 8,192 is theirs alone (testbed-lm).
+CONTEXT = 40960
 CIRCUITS = {"target": CopyCircuit(label_dim=16, windows=((4, 8), (8, 16), (16, 28), (28, 40)),
                                   far_windows=((40, 120),), far_weight=0.35, far_gate=True, match_dim=9,
-                                  extra_head_dims=20),
-            "draft": CopyCircuit(windows=((4, 12), (12, 40)), far_windows=((40, 120),), match_dim=6)}
+                                  extra_head_dims=20, context=CONTEXT),
+            "draft": CopyCircuit(windows=((4, 12), (12, 40)), far_windows=((40, 120),), match_dim=6,
+                                 context=CONTEXT)}
 # Code whose change changes the composed weights: part of the cache key.
 _SOURCES = (Path(__file__).resolve().parent / "circuit.py", Path(__file__).resolve())
 
@@ -186,12 +190,24 @@ def composed_folder(role: str, assets: Path = ASSETS) -> Path:
         try:
             with _quiet():
                 compose_role(role, assets).save_pretrained(tmp)
-            for f in lm_folder(role, assets).glob("tokenizer*"):
-                shutil.copy(f, tmp / f.name)
+            _copy_tokenizer(lm_folder(role, assets), tmp)
             os.replace(tmp, out)  # atomic: a reader sees the whole folder or none
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _copy_tokenizer(src: Path, dst: Path) -> None:
+    """The trained model's tokenizer files, with ``model_max_length`` set to the composed model's context (the
+    tokenizer warns about any longer input)."""
+    context = json.loads((dst / "config.json").read_text())["max_position_embeddings"]
+    for f in src.glob("tokenizer*"):
+        shutil.copy(f, dst / f.name)
+    config = dst / "tokenizer_config.json"
+    if config.is_file():
+        settings = json.loads(config.read_text())
+        settings["model_max_length"] = context
+        config.write_text(json.dumps(settings, indent=2) + "\n")
 
 
 @contextlib.contextmanager
@@ -208,6 +224,6 @@ def _quiet():
             hf_logging.enable_progress_bar()
 
 
-__all__ = ["ASSETS", "CIRCUITS", "LM_FOLDERS", "cache_root", "circuit_of", "compose_role", "composed_folder",
+__all__ = ["ASSETS", "CIRCUITS", "CONTEXT", "LM_FOLDERS", "cache_root", "circuit_of", "compose_role", "composed_folder",
            "lm_folder", "pin_checksums", "read_settings", "trained_folder", "weights_moments", "weights_sha256",
            "write_settings"]

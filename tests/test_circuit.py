@@ -183,3 +183,29 @@ def test_far_gate_switches_the_far_window_off_after_a_sort_header(lm_testbed_voc
     norm = lambda r: r[:, far:far + spec["match_dim"]].norm(dim=-1)  # noqa: E731
     assert (norm(res)[on] / norm(seen[False])[on]).median() < 0.3
     assert torch.allclose(norm(res)[off], norm(seen[False])[off], rtol=0.05)
+
+
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_positional_kernels_stay_local_over_the_whole_context(role):
+    """The shipped composites serve 40,960 positions with positional kernels fitted over 8,192: at the last position
+    each layer-0 head's attention outside its span is what it is a little after the span (no rotary pair turns the
+    kernel back up far away), and small."""
+    from rift_ada.testbed.circuit import _positional_heads, _positional_kernels
+    from rift_ada.testbed.composed import CIRCUITS, CONTEXT, lm_folder
+    from transformers import AutoConfig
+
+    cfg, circuit = AutoConfig.from_pretrained(lm_folder(role)), CIRCUITS[role]
+    assert circuit.context == CONTEXT >= 40960
+    d, theta = cfg.head_dim, cfg.rope_parameters["rope_theta"]
+    w = torch.tensor([theta ** (-2 * f / d) for f in range(d // 2)], dtype=torch.float64)
+    offsets, _, _ = _positional_heads(circuit, cfg.num_attention_heads // cfg.num_key_value_heads)
+    spans = tuple(offsets) + (((1, 1),) if circuit.label_dim else ())
+    kernels = _positional_kernels(tuple(w.tolist()), spans)
+    for lo, hi in spans:
+        ab = kernels[lo, hi].double()
+        outside = []
+        for t in (hi + 80, CONTEXT - 1):
+            dist = torch.arange(t + 1, dtype=torch.float64)
+            p = torch.softmax(torch.cat([torch.cos(dist[:, None] * w), -torch.sin(dist[:, None] * w)], 1) @ ab, 0)
+            outside.append(1 - p[lo:hi + 1].sum().item())
+        assert outside[1] == pytest.approx(outside[0], abs=1e-3) and outside[1] < 0.05, ((lo, hi), outside)

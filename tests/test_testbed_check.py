@@ -35,6 +35,8 @@ def test_check_cli_json_fields(tokenizer, testbed_target, testbed_draft):
     res = json.loads(out.stdout)
     tasks = build_tasks(tokenizer, "low", n=2, input_tokens=1024, seed=0)
     expected = run_check(testbed_target, testbed_draft, tokenizer, tasks, new_tokens=24, progress=False)
+    costs = res.pop("costs")  # measured times: every other field is the same computation
+    assert set(costs) == set(expected.pop("costs")) and all(v > 0 for v in costs.values()), costs
     assert res == expected
     assert res["prompts"] == 2 and len({res[k] for k in ("target_copy_accuracy", "draft_copy_accuracy",
                                                           "draft_agreement")}) == 3, res
@@ -65,10 +67,29 @@ def test_check_scores_the_draft_it_is_given(tokenizer, testbed_target, testbed_d
     assert res["random"]["draft_copy_accuracy"] < 0.2 < target_acc
 
 
+def test_check_cli_takes_several_lengths(tokenizer, testbed_target, testbed_draft):
+    """--input-tokens 512 1024: one result per length, each run_check's on that length's prompts; the short-context
+    families and code windows at the first length only."""
+    out = cli("check", "--json", "--prompts", "1", "--new-tokens", "12", "--input-tokens", "512", "1024",
+              "--target", "testbed-lm", "--draft", "testbed-lm-draft", "--code-windows", "1", "--family-prompts", "1")
+    assert out.returncode == 0, out.stderr
+    first, second = json.loads(out.stdout)["lengths"]
+    assert (first["input_tokens"], second["input_tokens"]) == (512, 1024)
+    assert "target_sort_accuracy" in first and "target_code_top1" in first
+    assert "target_sort_accuracy" not in second and "target_code_top1" not in second
+    for res in (first, second):
+        tasks = build_tasks(tokenizer, "low", n=1, input_tokens=res["input_tokens"], seed=0)
+        expected = run_check(testbed_target, testbed_draft, tokenizer, tasks, new_tokens=12, progress=False)
+        for key in ("target_copy_accuracy", "draft_copy_accuracy", "draft_agreement", "mean_prompt_tokens"):
+            assert res[key] == expected[key], key
+        assert all(v > 0 for v in res["costs"].values())
+    assert first["mean_prompt_tokens"] < second["mean_prompt_tokens"]
+
+
 def test_check_cli_bad_input_is_one_line():
     out = cli("check", "--task", "medium", "--prompts", "1")
     assert out.returncode == 2 and "unknown task family 'medium'" in out.stderr and "Traceback" not in out.stderr
-    out = cli("check", "--prompts", "1", "--input-tokens", "9000")
+    out = cli("check", "--prompts", "1", "--input-tokens", "50000")
     assert out.returncode == 2 and "context is" in out.stderr and "Traceback" not in out.stderr
     out = cli("check", "--prompts", "1", "--target", "/nonexistent/model")
     assert out.returncode == 2 and "does not exist" in out.stderr and "Traceback" not in out.stderr

@@ -39,6 +39,13 @@ from .rounds import draw, entropy, sampling_probs
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 MAX_ROUND = 64  # draft tokens a round may hold (ROUND_SLACK: a round's tokens in flight)
+NO_WINDOW = 1 << 40  # the window of a cache whose tail is never evicted: every stored slot in the band
+# How the steps attend: "sdpa" (grouped_attention: scaled_dot_product_attention under the mask) or "matmul"
+# (decode_attention: two matmuls and a masked softmax that inductor compiles and fuses); None: matmul on CUDA, SDPA
+# elsewhere. With an explicit mask, CUDA's SDPA runs the memory-efficient kernel, which does not split the keys across
+# thread blocks: a step's one query row per head (a verify's 12) over a long cache then occupies a few of the GPU's
+# 132 SMs (by the kernel's design; unmeasured here). Two matmuls tile the key axis like any GEMM.
+ATTENTION: str | None = None
 
 
 def _inner(model):
@@ -80,12 +87,18 @@ def static_steps(draft, target, draft_step: str, verify_step: str, block: int, s
     return step, verify
 
 
-def static_buffer(shape, dtype, device) -> torch.Tensor:
+def static_buffer(shape, dtype, device, dynamic: int | None = None) -> torch.Tensor:
     """Zeros at a fixed address, marked as a static graph input before any compile sees it: inductor then lets a
     graph write it in place and still replays the graph (zeros, not empty: the steps attend over unfilled slots too,
-    masked, and 0 x NaN would be NaN)."""
-    t = torch.zeros(shape, dtype=dtype, device=device)
+    masked, and 0 x NaN would be NaN). ``dynamic``: the slot axis of a cache, compiled as a size the graph takes as
+    an input, so one graph serves every capacity (a prompt length's verify, a full draft cache) and a CUDA graph is
+    recorded per capacity instead of a compile. An inference tensor, as every buffer the steps write (a graph is
+    specialised on that too: a normal tensor in its place would compile another)."""
+    with torch.inference_mode():
+        t = torch.zeros(shape, dtype=dtype, device=device)
     torch._dynamo.mark_static_address(t, guard=False)
+    if dynamic is not None:
+        torch._dynamo.maybe_mark_dynamic(t, dynamic)
     return t
 
 
@@ -105,6 +118,23 @@ def grouped_attention(q, k, v, mask, scale: float) -> torch.Tensor:
     return o.view(b, heads, n, d)
 
 
+def decode_attention(q, k, v, mask, scale: float) -> torch.Tensor:
+    """:func:`grouped_attention`'s numbers as two matmuls and a softmax in float32 (the models' eager attention), the
+    query heads folded into their KV head's rows as there (no copy of the keys per query head)."""
+    b, heads, n, d = q.shape
+    kv_heads = k.shape[1]
+    groups = heads // kv_heads
+    folded = q.reshape(b, kv_heads, groups * n, d)
+    scores = (folded @ k.transpose(-1, -2)).float() * scale
+    scores = scores.masked_fill(~mask.repeat(1, 1, groups, 1), float("-inf"))
+    return (scores.softmax(-1).to(v.dtype) @ v).view(b, heads, n, d)
+
+
+def attention_for(device) -> str:
+    """The attention the static steps run on ``device`` (``ATTENTION``, or its default there)."""
+    return ATTENTION or ("matmul" if torch.device(device).type == "cuda" else "sdpa")
+
+
 class _StaticForward:
     """The model's forward as plain tensor code over caller-owned, stacked KV buffers (layers, b, kv_heads, slots,
     d); ``compile=True`` compiles ``step`` (``fullgraph``: a graph break is an error, not a silent slowdown)."""
@@ -113,11 +143,12 @@ class _StaticForward:
         self.model = model
         self.inner, self.lm_head = _inner(model)
         self.compiled = compile
+        self.attend = decode_attention if attention_for(model.device) == "matmul" else grouped_attention
         fn = step
         if compile:
-            # One graph per (model, cache shape) by design: each draft, and each prompt length of a cache that holds
-            # the prompt (the verify's, a full draft's). Dynamo's default of 8 per code object would silently fall
-            # back to eager in a bench over several lengths.
+            # One graph per model and step kind by design (the slot axis is a size the graph takes), but a process
+            # may compile many models (the tests, a bench of several pairs): dynamo's default of 8 graphs per code
+            # object would silently fall back to eager.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             mode = "reduce-overhead" if model.device.type == "cuda" else None
             fn = torch.compile(fn, fullgraph=True, dynamic=False, mode=mode)
@@ -144,7 +175,7 @@ class _StaticForward:
             if qlog is not None:
                 qlog[i].index_copy_(2, qslot, q.to(qlog.dtype))
                 qpos[i].index_copy_(0, qslot, pos.reshape(-1))
-            o = grouped_attention(q, kb, vb, mask, attn.scaling)
+            o = self.attend(q, kb, vb, mask, attn.scaling)
             h = h + attn.o_proj(o.transpose(1, 2).reshape(*x.shape[:-1], -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.lm_head(inner.norm(h))[0]
@@ -159,15 +190,22 @@ class DraftArena:
         k, q = layers[0]._k, layers[0].log._q
         n = len(layers)
         self.capacity = capacity
-        self.k = static_buffer((n, *k.shape[:2], capacity, k.shape[-1]), k.dtype, k.device)
-        self.v = static_buffer(self.k.shape, k.dtype, k.device)
-        self.q = static_buffer((n, *q.shape), q.dtype, q.device)
-        self.qpos = static_buffer((n, q.shape[2]), torch.long, q.device)
+        self.k = static_buffer((n, *k.shape[:2], capacity, k.shape[-1]), k.dtype, k.device, dynamic=3)
+        self.v = static_buffer(self.k.shape, k.dtype, k.device, dynamic=3)
+        self.q = static_buffer((n, *self._log_shape(layers)), q.dtype, q.device)
+        self.qpos = static_buffer((n, self.q.shape[3]), torch.long, q.device)
+
+    @staticmethod
+    def _log_shape(layers):
+        """The observation log's buffer: what it keeps between rounds and a round's queries in flight."""
+        log = layers[0].log
+        return (*log._q.shape[:2], log.capacity + MAX_ROUND, log._q.shape[-1])
 
     def fits(self, layers, capacity: int) -> bool:
         k, q = layers[0]._k, layers[0].log._q
         return (capacity == self.capacity and self.k.shape[0] == len(layers) and self.k.shape[1:3] == k.shape[:2]
-                and self.q.shape[1:] == q.shape and self.k.dtype == k.dtype and self.k.device == k.device)
+                and self.q.shape[1:] == self._log_shape(layers) and self.k.dtype == k.dtype
+                and self.k.device == k.device and self.q.dtype == q.dtype)
 
     def adopt(self, layers) -> None:
         for i, layer in enumerate(layers):
@@ -190,13 +228,13 @@ class StaticDraftStep(_StaticForward):
     def __init__(self, model, compile: bool = False, sampling=(0.0, 0, 1.0)):
         super().__init__(model, self._step, compile)
         self.temperature, self.top_k, self.top_p = sampling
-        self.window: int | None = None  # the cache's sliding window: part of the mask the step builds
         self._arenas: dict[int, DraftArena] = {}
         self.arena: DraftArena | None = None
         self.device = model.device
-        # [position, slot, log slot, step in the round, first step that draws a draft, n_imp]: the step reads and
-        # advances them itself, so a round's steps take no inputs of their own.
-        self.state = static_buffer((6,), torch.long, self.device)
+        # [position, slot, log slot, step in the round, first step that draws a draft, n_imp, window]: the step
+        # reads and advances them itself, so a round's steps take no inputs of their own; a RIFT cache and a full one
+        # (no window: NO_WINDOW) run the same graph.
+        self.state = static_buffer((7,), torch.long, self.device)
         self.tokens = static_buffer((MAX_ROUND + 2,), torch.long, self.device)  # pending, then each draft
         self.uniforms = static_buffer((MAX_ROUND + 1,), torch.float64, self.device)
         self.entropies = static_buffer((MAX_ROUND,), torch.float32, self.device)
@@ -205,11 +243,10 @@ class StaticDraftStep(_StaticForward):
 
     def _step(self, state, tokens, uniforms, entropies, q_probs, keys, values, qlog, qpos):
         s = state.clone()  # the counters as this step found them
-        pos, slot, qslot, j, first, n_imp = (s[i:i + 1] for i in range(6))
+        pos, slot, qslot, j, first, n_imp, window = (s[i:i + 1] for i in range(7))
         slots = torch.arange(keys.shape[3], device=keys.device)
-        mask = slots <= slot
-        if self.window is not None:  # tail slot s holds position ``pos - (slot - s)``: RiftLayer.window_mask's band
-            mask &= (slots < n_imp) | (slots >= slot - self.window)
+        # Tail slot s holds position ``pos - (slot - s)``: the importance part and RiftLayer.window_mask's band.
+        mask = (slots <= slot) & ((slots < n_imp) | (slots >= slot - window))
         logits = self._forward(tokens.index_select(0, j)[None], pos[None], slot, mask[None, None, None], keys,
                                values, qlog, qpos, qslot)[-1]
         # Steps before ``first`` feed a pending token whose prediction is already known: they write nothing.
@@ -226,20 +263,19 @@ class StaticDraftStep(_StaticForward):
         return logits
 
     # --- a generation --------------------------------------------------------------------------------------------
+    @torch.inference_mode()
     def prepare(self, cache, capacity: int) -> None:
-        """After the prefill of a generation of at most ``capacity`` tokens in all: a cache that grows with the
-        context (full, snapkv: no tail limit) makes room for all of them now, so its shape holds for this prompt (a
-        compiled step compiles once per prompt length; a RIFT budget's shape is the same at every length); then the
-        cache's layers move into this step's buffers for that capacity."""
-        if cache.layout.tail_limit is None:
-            for layer in cache.rift_layers:
-                layer.reserve(capacity)
-        self.window = cache.rift_layers[0].window
-        self._adopt(cache)
+        """After the prefill of a generation of at most ``capacity`` tokens in all, the cache's layers move into this
+        step's buffers: of the budget's size under a RIFT budget (the same at every length), of ``capacity`` for a
+        cache that grows with the context (full, snapkv: no tail limit), so its shape holds for the whole generation
+        (a CUDA graph recorded per prompt length; the compiled graph is the same)."""
+        self._adopt(cache, capacity if cache.layout.tail_limit is None else None)
 
-    def _adopt(self, cache) -> None:
+    def _adopt(self, cache, capacity: int | None = None) -> None:
         layers = cache.rift_layers
-        cap = layers[0].capacity
+        for layer in layers:
+            layer.log.trim()  # a chunked prefill may leave more than the log keeps between rounds
+        cap = max(capacity or 0, layers[0].capacity if capacity is None else layers[0].n_active)
         arena = self._arenas.get(cap)
         if arena is None or not arena.fits(layers, cap):
             arena = self._arenas[cap] = DraftArena(layers, cap)
@@ -264,11 +300,12 @@ class StaticDraftStep(_StaticForward):
             layer.reserve(first.n_active + steps)  # a no-op inside the budget; growing it means a new arena
         if self.arena is None or not self.arena.holds(layers):
             self._adopt(cache)
-        start = [first.length, first.n_active, first.log.size, 0, len(pending) - 1, first.n_imp, *pending]
+        window = NO_WINDOW if first.window is None else first.window
+        start = [first.length, first.n_active, first.log.size, 0, len(pending) - 1, first.n_imp, window, *pending]
         host = torch.tensor(start, dtype=torch.long)
         dev = host.to(self.device, non_blocking=True)
-        self.state.copy_(dev[:6])
-        self.tokens[:len(pending)].copy_(dev[6:])
+        self.state.copy_(dev[:7])
+        self.tokens[:len(pending)].copy_(dev[7:])
         if draws:
             self.uniforms[:draws].copy_(torch.rand(draws, generator=generator, device=self.device,
                                                    dtype=torch.float64))
@@ -326,7 +363,8 @@ class StaticKV:
         first = cache.layers[0].keys
         if buffers is None:
             shape = (len(cache.layers), *first.shape[:2], capacity, first.shape[-1])
-            buffers = (static_buffer(shape, first.dtype, first.device), static_buffer(shape, first.dtype, first.device))
+            buffers = (static_buffer(shape, first.dtype, first.device, dynamic=3),
+                       static_buffer(shape, first.dtype, first.device, dynamic=3))
         self.keys, self.values = buffers
         for i, layer in enumerate(cache.layers):
             self.keys[i, :, :, :self.length] = layer.keys
@@ -367,14 +405,15 @@ class StaticVerify(_StaticForward):
         mask = torch.arange(keys.shape[3], device=ids.device)[None] <= pos[:, None]
         return self._forward(ids[None], pos[None], pos, mask[None, None], keys, values)
 
+    @torch.inference_mode()
     def cache(self, prefilled, capacity: int) -> StaticKV:
         """``prefilled`` (a transformers cache) copied into this verify's buffers of ``capacity`` tokens."""
         first = prefilled.layers[0].keys
         key = (len(prefilled.layers), *first.shape[:2], capacity, first.shape[-1], first.dtype)
         if key not in self._buffers:
             shape = key[:-1]
-            self._buffers[key] = (static_buffer(shape, first.dtype, first.device),
-                                  static_buffer(shape, first.dtype, first.device))
+            self._buffers[key] = (static_buffer(shape, first.dtype, first.device, dynamic=3),
+                                  static_buffer(shape, first.dtype, first.device, dynamic=3))
         return StaticKV(prefilled, capacity, self._buffers[key])
 
     def release(self) -> None:
@@ -399,6 +438,23 @@ class StaticVerify(_StaticForward):
         logits = self.fn(self.start, self._ids(width), cache.keys, cache.values)
         cache.length += len(tokens)
         return logits[:len(tokens)]
+
+    @torch.inference_mode()
+    def greedy(self, cache: StaticKV, first: int, n: int) -> torch.Tensor:
+        """Plain greedy decoding of ``n`` tokens after ``first``, one step each, the tokens kept on the device (no host
+        read: gpt-fast's loop): the tokens (n,)."""
+        if self.block != 1:
+            raise ValueError("greedy decoding steps one token: build the StaticVerify with block=1")
+        out = torch.empty(n, dtype=torch.long, device=self.device)
+        self.ids.fill_(first)
+        self.start.fill_(cache.length)
+        for i in range(n):
+            logits = self.fn(self.start, self.ids, cache.keys, cache.values)
+            self.ids.copy_(logits[-1].argmax()[None])
+            out[i:i + 1].copy_(self.ids)
+            self.start += 1
+        cache.length += n
+        return out
 
     @torch.inference_mode()
     def on_device(self, cache: StaticKV, first: int, drafts: torch.Tensor) -> torch.Tensor:

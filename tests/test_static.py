@@ -40,11 +40,14 @@ def layout():
     return make_policy("rift-dyn", BUDGET, period=8, obs_window=8).layout
 
 
-@pytest.mark.parametrize("key", ["llama", "qwen3", "mistral"])
-def test_static_step_computes_the_drafts_own_forward(key):
+@pytest.mark.parametrize("key,attention", [("llama", "sdpa"), ("qwen3", "sdpa"), ("mistral", "sdpa"),
+                                           ("qwen3", "matmul")])
+def test_static_step_computes_the_drafts_own_forward(key, attention, monkeypatch):
     """Token by token over 40 steps, with a rollback and a refresh every 5: the static step's logits equal the
     model's forward over the same RIFT cache to 1e-5, and both caches hold the same entries, positions and
-    observation queries (Qwen3: its per-head q/k norms; Mistral and Llama: grouped-query attention)."""
+    observation queries (Qwen3: its per-head q/k norms; Mistral and Llama: grouped-query attention; ``matmul``: the
+    attention the steps run on CUDA)."""
+    monkeypatch.setattr("rift_ada.static.ATTENTION", attention)
     m = model(key)
     ours, theirs = (SpeculativeDecoder(m, None, layout(), draft_length=4, draft_step=s) for s in ("static", "model"))
     ids = prompt()
@@ -171,7 +174,7 @@ def test_the_cudagraph_verdict_sees_an_input_written_in_place():
 def test_compiled_rift_dyn_is_lossless_with_one_graph_at_every_length():
     """The shipped pair, rift-dyn (budget 256, a refresh once 8 tokens passed), the draft step and the verify
     compiled: greedy output equals the target's own greedy ``generate`` at two prompt lengths, dynamo compiles one
-    graph for the draft step and one per length for the verify (fullgraph: a graph break would raise), each round
+    graph for the draft step and one for the verify at both (fullgraph: a graph break would raise), each round
     reads the device once, and inductor would replay every graph as a CUDA graph (no input written in place that is
     not a static input: the H200's "skipping cudagraphs due to mutated inputs")."""
     pair = cached_testbed_pair("testbed")
@@ -187,9 +190,10 @@ def test_compiled_rift_dyn_is_lossless_with_one_graph_at_every_length():
             out = decode(dec, ids, 64, PeriodicController(8))
             assert out.refreshes >= 3 and dec.host_reads - reads == len(out.rounds)
             assert out.tokens == greedy_reference(pair.target, ids, 64, eos)
-    # The draft step's one graph, and the verify's per prompt length (the target's static cache holds the prompt).
-    assert counters["stats"]["unique_graphs"] - graphs == 3
-    assert verdicts == [None] * 3, verdicts
+    # The draft step's one graph and the verify's one: its cache's slot axis (the prompt's length) is a size the graph
+    # takes.
+    assert counters["stats"]["unique_graphs"] - graphs == 2
+    assert verdicts == [None] * 2, verdicts
 
 
 @pytest.mark.slow
@@ -218,8 +222,9 @@ def test_what_the_static_step_cannot_run_is_refused_in_one_line():
 @pytest.mark.parametrize("tokens", [1, 3])
 def test_grouped_attention_equals_sdpa_gqa(tokens):
     """The query heads folded into their KV head's rows give SDPA's own grouped-query attention, head for head, under
-    a causal mask over a buffer longer than the context (the static verify's case) and without grouping."""
-    from rift_ada.static import grouped_attention
+    a causal mask over a buffer longer than the context (the static verify's case) and without grouping; so do the
+    two matmuls and softmax of ``decode_attention`` (the steps' attention on CUDA)."""
+    from rift_ada.static import decode_attention, grouped_attention
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 6, tokens, 16, generator=g)
@@ -227,6 +232,7 @@ def test_grouped_attention_equals_sdpa_gqa(tokens):
     pos = torch.arange(30, 30 + tokens)
     mask = (torch.arange(40)[None] <= pos[:, None])[None, None]
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
-    torch.testing.assert_close(grouped_attention(q, k, v, mask, 0.3), want)
     k6, v6 = k.repeat_interleave(3, 1), v.repeat_interleave(3, 1)
-    torch.testing.assert_close(grouped_attention(q, k6, v6, mask, 0.3), want)
+    for attend in (grouped_attention, decode_attention):
+        torch.testing.assert_close(attend(q, k, v, mask, 0.3), want)
+        torch.testing.assert_close(attend(q, k6, v6, mask, 0.3), want)

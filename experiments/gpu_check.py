@@ -75,6 +75,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens of the decode section's generation")
     p.add_argument("--steps", choices=("compiled", "static"), default="compiled",
                    help="compiled (CUDA graphs on GPU) or the same static steps eager")
+    p.add_argument("--prefill", choices=("random", "model"), default="random",
+                   help="steps section: the caches of random keys and values (the default: a step's time does not "
+                        "depend on them) or prefilled through the models in chunks")
     p.add_argument("--attention", choices=("auto", "matmul", "sdpa"), default="auto",
                    help="the steps' attention (rift_ada.static.ATTENTION; auto: matmul on CUDA, SDPA elsewhere)")
     p.add_argument("--peak-tb-s", type=float, default=4.8, help="device memory bandwidth, TB/s (H200: 4.8)")
@@ -195,15 +198,55 @@ class GraphGuard:
 
 
 # --- steps -------------------------------------------------------------------------------------------------------
-def prefill_draft(model, ids: torch.Tensor, layout):
+class RandomKV:
+    """A prefilled cache's layers as random keys and values, made one layer at a time when read (a step's time does
+    not depend on what its cache holds, and a 128K prompt's prefill through an 8B model costs tens of seconds)."""
+
+    class Layer:
+        def __init__(self, keys, values):
+            self.keys, self.values = keys, values
+
+        def get_seq_length(self) -> int:
+            return self.keys.shape[-2]
+
+    def __init__(self, model, length: int, device):
+        c = model.config
+        self.shape = (1, c.num_key_value_heads, length, c.head_dim)
+        self.n, self.device, self.dtype = c.num_hidden_layers, device, model.dtype
+        self.layers = self
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        gen = torch.Generator(device=self.device).manual_seed(i)
+        return self.Layer(*(torch.randn(self.shape, generator=gen, device=self.device, dtype=self.dtype)
+                            for _ in range(2)))
+
+    def get_seq_length(self) -> int:
+        return self.shape[2]
+
+
+def prefill_draft(model, ids: torch.Tensor, layout, prefill: str):
+    """The draft's cache of ``ids`` under ``layout``: through the model in chunks, or (``random``) random keys,
+    values and observation queries in its place, compressed as a prefill's would be."""
     from rift_ada.cache import RiftCache
     from rift_ada.speculative import PREFILL_CHUNK, _chunked
 
     cache = RiftCache.for_config(model.config, layout)
-    pos = torch.arange(ids.shape[1], device=ids.device)[None]
-    chunk = PREFILL_CHUNK if ids.device.type == "cuda" else 0
+    n = ids.shape[1]
     with torch.inference_mode():
-        _chunked(model, ids, pos, chunk, cache=cache, rift_observer=cache)
+        if prefill == "model":
+            chunk = PREFILL_CHUNK if ids.device.type == "cuda" else 0
+            _chunked(model, ids, torch.arange(n, device=ids.device)[None], chunk, cache=cache, rift_observer=cache)
+        else:
+            cache.load_from(RandomKV(model, n, ids.device))
+            c, w = model.config, min(layout.obs_window, n)
+            for layer in cache.rift_layers:
+                q = torch.randn(1, c.num_attention_heads, w, c.head_dim, device=ids.device, dtype=model.dtype)
+                layer.observe(q, torch.arange(n - w, n, device=ids.device))
         cache.compress()
     return cache
 
@@ -213,7 +256,7 @@ def time_draft(model, step, ids: torch.Tensor, layout, args, weights: int, peak:
     round rolled back to one kept token (what a round with no draft accepted leaves), and its refresh."""
     room = ids.shape[1] + 4 * (REPS + 4) + args.draft_length + 2
     t0 = time.perf_counter()
-    cache = prefill_draft(model, ids, layout)
+    cache = prefill_draft(model, ids, layout, args.prefill)
     sync(args.device)
     prefill_s = time.perf_counter() - t0
     step.prepare(cache, room)
@@ -273,9 +316,12 @@ def time_target(target, verify, plain, ids: torch.Tensor, args, peak: float) -> 
     n, k = ids.shape[1], args.draft_length
     t0 = time.perf_counter()
     with torch.inference_mode():
-        prefilled = DynamicCache(config=target.config)
-        _chunked(target, ids, torch.arange(n, device=ids.device)[None], PREFILL_CHUNK if ids.device.type == "cuda"
-                 else 0, cache=prefilled)
+        if args.prefill == "model":
+            prefilled = DynamicCache(config=target.config)
+            _chunked(target, ids, torch.arange(n, device=ids.device)[None], PREFILL_CHUNK if ids.device.type == "cuda"
+                     else 0, cache=prefilled)
+        else:
+            prefilled = RandomKV(target, n, ids.device)
         cache = verify.cache(prefilled, n + k + 2)
     del prefilled
     sync(args.device)

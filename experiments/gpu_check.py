@@ -82,7 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the steps' attention (rift_ada.static.ATTENTION; auto: matmul on CUDA, SDPA elsewhere)")
     p.add_argument("--peak-tb-s", type=float, default=4.8, help="device memory bandwidth, TB/s (H200: 4.8)")
     p.add_argument("--testbed-length", type=int, default=None, help="testbed section's input (default 4096)")
-    p.add_argument("--testbed-new-tokens", type=int, default=256)
+    p.add_argument("--testbed-new-tokens", type=int, default=256,
+                   help="tokens the testbed section generates (the ties section: at most 128 of them)")
     p.add_argument("--tie-length", type=int, default=None, help="ties section's input (default 7168)")
     p.add_argument("--output", default=None, help="also write the JSON here")
     m = p.add_argument_group("modelled tokens/s (no device)")
@@ -457,7 +458,7 @@ def ties_section(args) -> dict:
 
     dtype = "float32" if torch.device(args.device).type == "cpu" else "bfloat16"
     pair = load_pair("testbed", "testbed-draft", device=args.device, dtype=dtype)
-    eos, n = pair.tokenizer.eos_token_id, 128
+    eos, n = pair.tokenizer.eos_token_id, min(128, args.testbed_new_tokens)
     ids = encode(pair.tokenizer, build_tasks(pair.tokenizer, "low", n=1, input_tokens=args.tie_length)[0].prompt)
     hf = greedy_reference(pair.target, ids, n, eos)
     policy = make_policy("rift-dyn", 512, period=args.period)

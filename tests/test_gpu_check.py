@@ -59,7 +59,7 @@ def test_gpu_check_tiny_testbed_and_near_tie_sections(tmp_path, monkeypatch):
     output, one device read per round; float32 leaves no tie to explain."""
     out = tmp_path / "gpu.json"
     assert run_script(monkeypatch, "--tiny", "--steps", "static", "--sections", "testbed,ties", "--testbed-new-tokens",
-                      "64", "--output", str(out)) == 0
+                      "48", "--output", str(out)) == 0
     report = json.loads(out.read_text())
     tb = report["testbed"]
     assert tb["rift_dyn"]["same_as_hf_greedy"] and tb["greedy_ours"]["same_as_hf_greedy"]

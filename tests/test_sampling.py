@@ -155,11 +155,12 @@ CONFIGS = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("step", ["model", "static"])
-@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("config,step", [(c, "model") for c in CONFIGS]
+                         + [(c, "static") for c in ("rift-dyn-top_p=0.8", "full-T=0.7-top_p=0.85")])
 def test_joint_distribution_of_sequences_matches_target(config, step):
     """``step="static"``: both static steps, so every round runs on the device (the draft step draws each draft,
-    ``rounds.accept_on_device`` the acceptance test): the same chi-square checks its rule."""
+    ``rounds.accept_on_device`` the acceptance test): the same chi-square checks its rule, in the compressed setting
+    and in the one that rejects one uniform per round and an inverted temperature."""
     policy, temperature, top_p = CONFIGS[config]
     target, draft, prompt = models()
     dist, margin = sequence_distribution(target, prompt, NEW_TOKENS, temperature, top_p)

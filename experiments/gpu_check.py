@@ -284,8 +284,7 @@ def time_draft(model, step, ids: torch.Tensor, layout, args, weights: int, peak:
                 cache.refresh()
         row["refresh_ms"] = ms_per_call(refresh, 3, args.device)
     row["kernels_per_step"], row["gpu_busy_ms_per_step"] = kernel_profile(one_round, k, roll_back, args.device)
-    del cache
-    step.release()
+    step.release()  # the cache's buffers: freed with it on return
     return row
 
 
@@ -302,6 +301,8 @@ def kernel_profile(fn, per_call: int, between, device) -> tuple[float | None, fl
             sync(device)
         between()
         kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        if not kernels:  # this profiler does not see the kernels a graph replays
+            return None, None
         return len(kernels) / per_call, sum(e.device_time for e in kernels) / 1000 / per_call
     except Exception as e:  # the profiler is a nicety here: never the reason a run fails
         print(f"note: no kernel profile ({type(e).__name__}: {e})", file=sys.stderr)
@@ -341,7 +342,6 @@ def time_target(target, verify, plain, ids: torch.Tensor, args, peak: float) -> 
         ms = ms_per_call(fn, REPS, args.device, back(m))
         bound = 1000 * (weights + n * per_token) / peak
         row[name] = {"ms": ms, "warmup_ms": warm, "bound_ms": bound, "ratio_to_bound": ms / bound}
-    del cache
     verify.release()
     return row
 
@@ -359,12 +359,21 @@ def steps_section(target, drafts: dict, args, report: dict, save) -> None:
     report["steps"] = []
     for length in args.lengths:
         ids = torch.randint(0, target.config.vocab_size, (1, length), generator=gen).to(args.device)
-        row = {"input_tokens": length, "target": time_target(target, verify, plain, ids, args, peak)}
+        row = {"input_tokens": length}
+        parts = [("target", None, lambda: time_target(target, verify, plain, ids, args, peak))]
         for name, model in drafts.items():
-            weights = weight_bytes(model)
-            row[name] = {"rift": time_draft(model, steps[name], ids, layouts["rift"], args, weights, peak)}
-            if name in args.full:
-                row[name]["full"] = time_draft(model, steps[name], ids, layouts["full"], args, weights, peak)
+            caches = ("rift", "full") if name in args.full else ("rift",)
+            parts += [(name, cache, lambda m=model, n=name, c=cache: time_draft(
+                m, steps[n], ids, layouts[c], args, weight_bytes(m), peak)) for cache in caches]
+        for name, cache, part in parts:
+            try:  # a part that fails (out of memory at 128K, a skipped graph) is recorded; the others still run
+                value = part()
+            except Exception as e:
+                value = failed(f"steps {length} {name} {cache or ''}", e, args.device)
+            if cache is None:
+                row[name] = value
+            else:
+                row.setdefault(name, {})[cache] = value
         if torch.device(args.device).type == "cuda":
             row["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
             torch.cuda.reset_peak_memory_stats()
@@ -374,14 +383,28 @@ def steps_section(target, drafts: dict, args, report: dict, save) -> None:
     report["costs"] = round_costs(report, args)
 
 
+def failed(where: str, e: Exception, device) -> dict:
+    """A part that raised, as its row says it (the traceback goes to the log)."""
+    import traceback
+
+    traceback.print_exc()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+    return {"error": f"{where}: {type(e).__name__}: {str(e)[:1500]}"}
+
+
 def round_costs(report: dict, args) -> dict:
     """Per draft: the joint controller's ``RoundCosts`` from the measured steps (verify at block 1 = the plain step,
     at 2..k + 1 = the padded verify; draft step and refresh by length) and the full-cache step by length."""
     from rift_ada.joint.costs import RoundCosts
 
-    rows, k = report["steps"], args.draft_length
+    k = args.draft_length
     out = {}
     for name in args.drafts:
+        # The lengths whose target and RIFT step were both measured (a failed part leaves an error instead).
+        rows = [r for r in report["steps"] if "error" not in r["target"] and "error" not in r[name]["rift"]]
+        if not rows:
+            continue
         costs = RoundCosts(
             lengths=tuple(r["input_tokens"] for r in rows), blocks=(1, 2, k + 1),
             verify_s=tuple((r["target"]["plain"]["ms"] / 1000,) + (r["target"]["verify"]["ms"] / 1000,) * 2
@@ -390,7 +413,7 @@ def round_costs(report: dict, args) -> dict:
             refresh_s=tuple(r[name]["rift"]["refresh_ms"] / 1000 for r in rows), budget=args.budget,
             steps=args.steps)
         entry = {"rift": costs.to_dict()}
-        if all("full" in r[name] for r in rows):
+        if all("ms_per_step" in r[name].get("full", {}) for r in rows):
             entry["full_draft_s"] = [r[name]["full"]["ms_per_step"] / 1000 for r in rows]
         out[name] = entry
     return out
@@ -590,26 +613,33 @@ def main(argv=None) -> int:
                             **{n: sum(p.numel() for p in m.parameters()) for n, m in drafts.items()}}
         report["init_s"] = time.perf_counter() - t0
         print(json.dumps(report), file=sys.stderr, flush=True)
+    errors = 0
     for section in args.sections:
         t = time.perf_counter()
-        if section == "steps":
-            steps_section(target, drafts, args, report, save)
-        elif section == "testbed":
-            report["testbed"] = testbed_section(args, guard)
-        elif section == "decode":
-            report["decode"] = decode_section(target, drafts, args)
-        elif section == "ties":
-            report["ties"] = ties_section(args)
-        guard.check(section)
+        try:  # a failed section is recorded and the next one runs: one device call brings back all it can
+            if section == "steps":
+                steps_section(target, drafts, args, report, save)
+            elif section == "testbed":
+                report["testbed"] = testbed_section(args, guard)
+            elif section == "decode":
+                report["decode"] = decode_section(target, drafts, args)
+            elif section == "ties":
+                report["ties"] = ties_section(args)
+            guard.check(section)
+        except Exception as e:
+            report[f"{section}_error"] = failed(section, e, device)["error"]
+            guard.allowed = guard.skips()  # counted against this section only
+            errors += 1
         report.setdefault("section_s", {})[section] = time.perf_counter() - t
         print(json.dumps({section: report.get(section if section != "steps" else "costs")}), file=sys.stderr,
               flush=True)
         save()
+    errors += sum("error" in str(r) for r in report.get("steps", []))
     report["cudagraph_skips"] = guard.skips()
     save()
-    if "steps" in args.sections:
+    if report.get("steps"):
         print(table(report))
-    return 0
+    return 1 if errors else 0
 
 
 def table(report: dict) -> str:
@@ -617,11 +647,11 @@ def table(report: dict) -> str:
     lines = ["| input | step | ms | bound ms | ratio |", "|---|---|---|---|---|"]
     for r in report["steps"]:
         t = r["target"]
-        for name in ("verify", "plain"):
+        for name in ("verify", "plain") if "error" not in t else ():
             lines.append(f"| {r['input_tokens']} | target {name} | {t[name]['ms']:.2f} | {t[name]['bound_ms']:.2f} | "
                          f"{t[name]['ratio_to_bound']:.2f} |")
         for draft in [k for k in r if k in DRAFTS]:
-            for cache, x in r[draft].items():
+            for cache, x in ((c, x) for c, x in r[draft].items() if "error" not in x):
                 lines.append(f"| {r['input_tokens']} | {draft} draft, {cache} | {x['ms_per_step']:.3f} | "
                              f"{x['bound_ms']:.3f} | {x['ratio_to_bound']:.2f} |")
     return "\n".join(lines)

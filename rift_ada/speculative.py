@@ -232,9 +232,8 @@ class SpeculativeDecoder:
                  store_device: str | None = None, top_k: int = 0, draft_step: str = "model",
                  verify_step: str = "model", prefill_chunk: int | str = "auto"):
         check_decoding(draft_length, temperature, top_p, top_k, draft_step, verify_step)
-        if draft_length + 1 > ROUND_SLACK:
-            raise ValueError(f"draft length k must be at most {ROUND_SLACK - 1} (a round's tokens in flight), got "
-                             f"{draft_length}")
+        if draft_length + 1 > ROUND_SLACK and {draft_step, verify_step} != {"model"}:
+            raise ValueError(f"the static steps draft at most {ROUND_SLACK - 1} tokens a round (k), got {draft_length}")
         self.target = target
         self.draft = target if draft is None else draft
         self.self_speculative = draft is None or draft is target

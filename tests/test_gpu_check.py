@@ -70,6 +70,27 @@ def test_gpu_check_tiny_testbed_and_near_tie_sections(tmp_path, monkeypatch):
     assert report["ties"]["static_greedy"]["equal"] and report["ties"]["rift_dyn_static"]["equal"]
 
 
+def test_a_failed_section_is_recorded_and_the_next_runs(tmp_path, monkeypatch):
+    """One device call must bring back all it can: a section that raises leaves its error in the JSON, the sections
+    after it still run, and the run exits 1."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", "experiments/gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def boom(args):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(mod, "ties_section", boom)
+    out = tmp_path / "gpu.json"
+    assert mod.main(["--tiny", "--steps", "static", "--sections", "ties,steps", "--lengths", "160", "--drafts", "0.6b",
+                     "--output", str(out)]) == 1
+    report = json.loads(out.read_text())
+    assert report["ties_error"] == "ties: RuntimeError: planted"
+    assert report["steps"][0]["0.6b"]["rift"]["ms_per_step"] > 0 and list(report["costs"]) == ["0.6b"]
+
+
 def test_modelled_tokens_per_second_price_tables_with_measured_costs(tmp_path, monkeypatch):
     """--model-from: greedy tables replayed under a cost model. Greedy decoding costs a plain step per token, so its
     modelled tokens/s is 1 / that step at the priced length; full-cache drafting and rift-dyn draft k a round; a bad

@@ -33,10 +33,10 @@ from transformers import DynamicCache
 from .architectures import layer_kinds
 from .attention import check_observable
 from .cache import RiftCache
-from .rift_layer import ROUND_SLACK
 from .layout import CacheLayout
 from .models import check_vocab
 from .recurrent import TargetStates
+from .rift_layer import ROUND_SLACK
 from .rounds import accept, accept_on_device, cut_at_eos, draft_count, entropy, sample, sampling_probs, token_probs
 from .signals import (FRESH, RUNWAY_CAP, DecoderState, acceptance, recent_after, since_refresh_after, suffix_match,
                       target_p_mean)
@@ -249,7 +249,7 @@ class SpeculativeDecoder:
         # Both steps static: the round runs on the device and reads it once (``_on_device``).
         self.device_round = self._static is not None and self._static_verify is not None
         self.phase_sync = False  # device rounds: synchronise at each phase, to time them (costs a sync each)
-        self.host_reads = 0  # device rounds: reads of the device's results (one per round, plus a catch-up's)
+        self.host_reads = 0  # device rounds: reads of the device's results (one per round)
         self.done = True
 
     @classmethod
@@ -293,7 +293,7 @@ class SpeculativeDecoder:
         self._since_draft = 0  # tokens emitted by plain target steps (k = 0) since the last drafting round
         self._recent: tuple[float, ...] = ()  # signals.recent_after
         self._drafted = self._accepted = 0  # draft tokens proposed and accepted so far
-        self._drift_floor = None  # the drift published right after the last scoring (a 0-d tensor until read)
+        self._drift_floor = None  # the drift published right after the last scoring (on the device until read)
         self.done = first == self.eos_token_id or max_new_tokens <= 1
         self._signals = self._cache_signals()
         self._state = None

@@ -190,8 +190,9 @@ def compiled_rows(pair, prompts: list, args, plain: list) -> dict:
     (``rift_dyn_static``) and compiled (rift-dyn; the full draft cache, whose shape holds for one prompt only), and
     plain greedy ``generate`` on HF's static cache with ``torch.compile``. Each compiled path is warmed up first on
     the same shapes (compile time, ``compile_s``, is never inside tokens/s); ``warmup_graphs`` counts the graphs
-    each warm-up compiled (rift-dyn: its draft step's one graph at the first length only, and the verify's per
-    length, since the target's cache holds the prompt), ``recompiles`` those compiled during the timed runs."""
+    each warm-up compiled (rift-dyn: its draft step's graph and the verify's, at the first length only: a cache's
+    slot axis is a size the graphs take; the full draft cache then runs the same graphs), ``recompiles`` those
+    compiled during the timed runs."""
     from rift_ada.evaluate import decode
 
     runs = {"rift_dyn": ("rift-dyn", "compiled"), "full": ("full", "compiled"),
@@ -199,9 +200,10 @@ def compiled_rows(pair, prompts: list, args, plain: list) -> dict:
     compile_s, warmup_graphs, tokens, seconds, results, timed_graphs = {}, {}, {}, {}, {}, 0
     for label, (policy_name, step) in runs.items():
         policy = args.policies[policy_name]
+        dec = decoder(pair, policy, args, step)  # one decoder: its steps' buffers, hence its CUDA graphs, are kept
 
-        def run(ids):
-            return decode(decoder(pair, policy, args, step), ids, args.max_new_tokens, policy.controller)
+        def run(ids, dec=dec, policy=policy):
+            return decode(dec, ids, args.max_new_tokens, policy.controller)
 
         # Warm-up on the first prompt and the generation's max_new_tokens: the target's static cache (and a full
         # draft cache) is sized for them.

@@ -1,29 +1,35 @@
-"""GPU check on real-size shapes, with no download: randomly initialised Qwen3-8B-shaped target and Qwen3-4B-shaped
-draft in bf16, prompts of 8K/16K/32K tokens, one prepared run of a few minutes on an H200.
+"""GPU check at real shapes, no download: each compiled step's time beside its bandwidth bound, the round costs that
+price acceptance tables, and the shipped testbed pair's compiled decoding; one prepared run of ~6 minutes on an H200.
 
-    python experiments/gpu_check.py --output gpu_check.json        # on a CUDA machine (the shapes above)
-    python experiments/gpu_check.py --tiny                         # the same code at toy sizes, on CPU (the test)
+    python experiments/gpu_check.py --output gpu.json                     # a CUDA machine: the shapes below
+    python experiments/gpu_check.py --tiny                                # the same code at toy sizes on CPU (tested)
+    python experiments/gpu_check.py --model-from gpu.json --tables DIR    # modelled tokens/s from its costs (no device)
 
-Per input length it reports
-- the draft's time per step with the full cache and with an 8K budget (rift-stat: the prefill's selection stays;
-  rift-dyn: rescored every ``--period`` tokens from the backing store), and the bytes the draft's attention reads per
-  step (its active KV) beside its weights, as milliseconds at the device's peak bandwidth (``--peak-tb-s``, H200:
-  4.8 TB/s): how close a step is to the memory bound;
-- each round's time split: draft / verify / refresh / rollback, and the framework's overhead (the rest of
-  ``step()``: sampling, bookkeeping, the drift signal), timed by ``rift_ada.profiling.profile_decode``, which also
-  gives the share of round time inside model forwards (``forward_share``) and outside forwards and rescoring
-  (``overhead_share``);
-- the models alone: a one-token draft forward and a (k+1)-token verify forward on transformers' own cache, so the
-  draft step's time can be split into the model and what our loop adds around it;
-- end-to-end tokens/s (prefill included) of our loop (full and 8K-budget draft caches) against HF assisted generation
-  (same pair; fixed ``k`` draft tokens, and HF's defaults: 20 tokens with a confidence stop) and plain greedy
-  decoding, with how many leading tokens each run shares with plain greedy.
+Randomly initialised Qwen3-8B-shaped target and Qwen3-4B- and Qwen3-0.6B-shaped drafts (``--drafts``), bf16 on
+CUDA. Sections (``--sections``), in this order; the JSON is written after each, so a run cut short keeps what it
+measured:
 
-Random weights give nearly flat logits, so acceptance is near zero (every round drafts k tokens and keeps about
-one): the figures are costs, not speed-ups. For the same reason bf16 rounding differences between kernels (a
-12-token verify forward against HF's one-token steps) can flip an argmax; the token agreement is reported, not
-asserted. Losslessness is checked where it is meaningful, on the trained testbed pair on the same device
-(``greedy_check`` in float32).
+- ``steps``: per input length (``--lengths``, default 32K and 128K), each draft's compiled step with the RIFT budget
+  (``--budget``, 8K) and, for the drafts in ``--full``, with the full cache, and the target's compiled verify of k + 1
+  tokens and its compiled plain step; a refresh of each RIFT cache. Each time sits beside its bound: the bytes the
+  step must read (weights, less an untied input embedding, of which it reads one row; plus the active KV) at the
+  device's peak bandwidth (``--peak-tb-s``, H200 4.8), and their ratio. Prompts are prefilled in chunks. From these,
+  one ``RoundCosts`` per draft (``rift_ada.joint``: verify at blocks 1 (the plain step) and 2..k + 1 (the verify is
+  padded to its block), draft step and refresh by length) and the full-cache step's time by length.
+- ``testbed``: the shipped pair on a ``--testbed-length`` (4K) ``low`` prompt in float32: rift-dyn with both steps
+  compiled against compiled greedy decoding (HF's ``generate`` on its static cache with ``torch.compile``, and our
+  compiled plain step with the tokens on the device), decode tokens/s, every output equal to HF's greedy output.
+- ``decode``: one compiled rift-dyn generation with the first draft at the first length (device rounds; random
+  weights accept nothing, so it checks the round's cost, not a speed-up): decode tokens/s, host reads per round,
+  ms per draft step inside the loop.
+- ``ties``: at ``--tie-length`` (7K) in bf16, where HF's greedy output and ours (static greedy, rift-dyn) part: the
+  float32 target's margin between the two tokens there (a near-tie, or a bug).
+
+Any CUDA graph inductor skips fails the run (``torch._inductor.config.triton.cudagraph_or_error``; and inductor's
+count of skips is checked after each section); HF's compiled ``generate``, a baseline, is only reported.
+``--model-from`` reads such a JSON's costs and replays acceptance tables (``rift_ada.replay``, e.g. a paper-regime
+run's 32K tables) under them: modelled decode tokens/s of greedy decoding, full-cache drafting, RIFT-dyn and a joint
+controller (``--controller``), priced at each measured length (``rift_ada.joint.replay.modelled_paths``).
 """
 
 from __future__ import annotations
@@ -32,23 +38,81 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from rift_ada.bench import (add_benchmark_options, bare_forward_ms, compiled_graphs, draft_ms_per_step, prepare_run,
-                            shared_prefix, time_hf_assisted, timed, verify_ms_per_round, warm_up)
 from rift_ada.cli import ArgumentParser, add_runtime_options, fail, write_output
 
-# Shapes from the Qwen3 model cards (config.json of Qwen/Qwen3-8B and Qwen/Qwen3-4B).
+# Shapes from the Qwen3 model cards (config.json of Qwen/Qwen3-8B, Qwen/Qwen3-4B and Qwen/Qwen3-0.6B).
 QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                 num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False)
 QWEN3_4B = dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
                 num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True)
+QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True)
 # Tiny shapes use a large init: peaked logits leave no near-ties, so greedy outputs can be compared exactly.
 TINY_TARGET = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=32, vocab_size=512, tie_word_embeddings=False,
                    initializer_range=0.2)
-TINY_DRAFT = dict(TINY_TARGET, hidden_size=64, num_hidden_layers=2, tie_word_embeddings=True)
+TINY_DRAFTS = {"4b": dict(TINY_TARGET, hidden_size=96, num_hidden_layers=3, tie_word_embeddings=True),
+               "0.6b": dict(TINY_TARGET, hidden_size=64, num_hidden_layers=2, tie_word_embeddings=True)}
+DRAFTS = {"4b": QWEN3_4B, "0.6b": QWEN3_06B}
+SECTIONS = ("steps", "testbed", "decode", "ties")
+REPS = 24  # timed calls per step (after the warm-up that compiles and records the CUDA graph)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="toy shapes and lengths: tests this script on CPU")
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
+    p.add_argument("--lengths", type=int, nargs="+", default=None, help="input lengths (default 32768 131072)")
+    p.add_argument("--drafts", default="4b,0.6b", help="draft shapes to time: 4b, 0.6b")
+    p.add_argument("--full", default="0.6b", help="drafts whose full-cache step is timed too ('' for none)")
+    p.add_argument("--budget", type=int, default=None, help="draft budget in tokens (default 8192; --tiny 64)")
+    p.add_argument("--period", type=int, default=32, help="rift-dyn: generated tokens between refreshes")
+    p.add_argument("--draft-length", type=int, default=11, help="draft tokens per round (k)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens of the decode section's generation")
+    p.add_argument("--steps", choices=("compiled", "static"), default="compiled",
+                   help="compiled (CUDA graphs on GPU) or the same static steps eager")
+    p.add_argument("--prefill", choices=("random", "model"), default="random",
+                   help="steps section: the caches of random keys and values (the default: a step's time does not "
+                        "depend on them) or prefilled through the models in chunks")
+    p.add_argument("--attention", choices=("auto", "matmul", "sdpa"), default="auto",
+                   help="the steps' attention (rift_ada.static.ATTENTION; auto: matmul on CUDA, SDPA elsewhere)")
+    p.add_argument("--peak-tb-s", type=float, default=4.8, help="device memory bandwidth, TB/s (H200: 4.8)")
+    p.add_argument("--testbed-length", type=int, default=None, help="testbed section's input (default 4096)")
+    p.add_argument("--testbed-new-tokens", type=int, default=256,
+                   help="tokens the testbed section generates (the ties section: at most 128 of them)")
+    p.add_argument("--tie-length", type=int, default=None, help="ties section's input (default 7168)")
+    p.add_argument("--output", default=None, help="also write the JSON here")
+    m = p.add_argument_group("modelled tokens/s (no device)")
+    m.add_argument("--model-from", default=None, help="a JSON this script wrote: model from its costs instead")
+    m.add_argument("--tables", default=None, help="a folder of replay tables (.safetensors) to price")
+    m.add_argument("--controller", default=None, help="a joint controller file to price beside the fixed paths")
+    add_runtime_options(p)
+    args = p.parse_args(argv)
+    args.sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    if bad := [s for s in args.sections if s not in SECTIONS]:
+        p.error(f"--sections: unknown {', '.join(bad)}; choose from {', '.join(SECTIONS)}")
+    args.drafts = [d.strip() for d in args.drafts.split(",") if d.strip()]
+    args.full = [d.strip() for d in args.full.split(",") if d.strip()]
+    if bad := [d for d in args.drafts + args.full if d not in DRAFTS]:
+        p.error(f"--drafts / --full: unknown {', '.join(bad)}; choose from {', '.join(DRAFTS)}")
+    if not args.drafts:
+        p.error("--drafts: name at least one draft")
+    args.lengths = args.lengths or ([160, 320] if args.tiny else [32768, 131072])
+    args.budget = args.budget or (64 if args.tiny else 8192)
+    args.testbed_length = args.testbed_length or (512 if args.tiny else 4096)
+    args.tie_length = args.tie_length or (600 if args.tiny else 7168)
+    if (min(args.lengths) < 2 or args.budget < 2 or args.period < 1 or not 1 <= args.draft_length <= 63
+            or args.max_new_tokens < 2 or args.testbed_length < 64 or args.tie_length < 64
+            or args.testbed_new_tokens < 2 or args.peak_tb_s <= 0):
+        p.error("lengths and budget must be >= 2, period >= 1, draft length in 1..63, max-new-tokens >= 2, "
+                "testbed and tie lengths >= 64, peak bandwidth > 0")
+    if (args.model_from is None) != (args.tables is None):
+        p.error("--model-from and --tables go together")
+    return args
 
 
 def random_model(shape: dict, max_len: int, device: str, dtype: torch.dtype, seed: int):
@@ -62,185 +126,534 @@ def random_model(shape: dict, max_len: int, device: str, dtype: torch.dtype, see
     return model.eval()
 
 
-def n_bytes(model) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+def weight_bytes(model) -> int:
+    """Bytes a one-token step reads of the weights: all of them, less the input embedding's when it is not also the
+    output head (the step reads one row of it)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    emb = model.get_input_embeddings().weight
+    if emb is not model.get_output_embeddings().weight:
+        total -= emb.numel() * emb.element_size()
+    return total
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tiny", action="store_true", help="toy shapes and lengths: tests this script on CPU")
-    add_benchmark_options(p, lengths=None, lengths_help="input lengths (default 8192 16384 32768)", budget=None,
-                          budget_help="draft budget in tokens (default 8192; --tiny 128)", max_new_tokens=64,
-                          compile_help="also rift-dyn with the draft step and the verify compiled on static shapes "
-                                       "(rift_ada.static; CUDA graphs on GPU), after a warm-up that compiles them "
-                                       "(compile_s, never in the timed run)")
-    p.add_argument("--peak-tb-s", type=float, default=4.8, help="device memory bandwidth, TB/s (H200: 4.8)")
-    p.add_argument("--skip-testbed", action="store_true", help="skip the lossless check on the testbed pair")
-    add_runtime_options(p)
-    args = p.parse_args(argv)
-    args.lengths = args.lengths or ([256, 512] if args.tiny else [8192, 16384, 32768])
-    args.budget = args.budget or (128 if args.tiny else 8192)
-    if (min(args.lengths) < 1 or args.budget < 1 or args.period < 1 or args.draft_length < 1
-            or args.max_new_tokens < 2):
-        p.error("lengths, budget, period and draft length must be >= 1, max-new-tokens >= 2")
-    return args
+def kv_bytes_per_token(model) -> int:
+    c = model.config
+    return c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * model.dtype.itemsize
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        policies = prepare_run(args)
-    except ValueError as e:
-        return fail(e)
-    device = args.device
-    dtype = getattr(torch, args.dtype) if args.dtype else torch.float32 if device == "cpu" else torch.bfloat16
-    max_len = max(args.lengths) + args.max_new_tokens + 16
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def ms_per_call(fn, reps: int, device, between=None) -> float:
+    """Median milliseconds of ``fn()`` over ``reps`` calls, the device finished at both ends of each; ``between()``
+    runs untimed after each call (a rollback)."""
+    times = []
+    for _ in range(reps):
+        sync(device)
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(1000 * (time.perf_counter() - t))
+        if between is not None:
+            between()
+    return sorted(times)[len(times) // 2]
+
+
+class GraphGuard:
+    """Fails the run on any CUDA graph inductor skips in our steps: ``cudagraph_or_error`` makes inductor raise
+    (where this torch has it), and the skip counter is checked after each section in any case."""
+
+    def __init__(self, device):
+        from torch._dynamo.utils import counters
+        from torch._inductor import config
+
+        self.counters, self.config, self.cuda = counters, config, torch.device(device).type == "cuda"
+        self.strict = self.cuda and hasattr(config.triton, "cudagraph_or_error")
+        if self.strict:
+            config.triton.cudagraph_or_error = True
+        self.allowed = 0  # skips in baselines we only report
+
+    def skips(self) -> int:
+        return int(self.counters["inductor"]["cudagraph_skips"])
+
+    def check(self, where: str) -> None:
+        if self.skips() > self.allowed:
+            raise RuntimeError(f"{where}: inductor skipped {self.skips() - self.allowed} CUDA graph(s) "
+                               "(TORCH_LOGS=perf_hints says why)")
+
+    def baseline(self, fn):
+        """``fn()`` with skips allowed (HF's compiled generate): (its value, the graphs it skipped)."""
+        before = self.skips()
+        if self.strict:
+            self.config.triton.cudagraph_or_error = False
+        try:
+            out = fn()
+        finally:
+            if self.strict:
+                self.config.triton.cudagraph_or_error = True
+        skipped = self.skips() - before
+        self.allowed += skipped
+        return out, skipped
+
+
+# --- steps -------------------------------------------------------------------------------------------------------
+class RandomKV:
+    """A prefilled cache's layers as random keys and values, made one layer at a time when read (a step's time does
+    not depend on what its cache holds, and a 128K prompt's prefill through an 8B model costs tens of seconds)."""
+
+    class Layer:
+        def __init__(self, keys, values):
+            self.keys, self.values = keys, values
+
+        def get_seq_length(self) -> int:
+            return self.keys.shape[-2]
+
+    def __init__(self, model, length: int, device):
+        c = model.config
+        self.shape = (1, c.num_key_value_heads, length, c.head_dim)
+        self.n, self.device, self.dtype = c.num_hidden_layers, device, model.dtype
+        self.layers = self
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        gen = torch.Generator(device=self.device).manual_seed(i)
+        return self.Layer(*(torch.randn(self.shape, generator=gen, device=self.device, dtype=self.dtype)
+                            for _ in range(2)))
+
+    def get_seq_length(self) -> int:
+        return self.shape[2]
+
+
+def prefill_draft(model, ids: torch.Tensor, layout, prefill: str):
+    """The draft's cache of ``ids`` under ``layout``: through the model in chunks, or (``random``) random keys,
+    values and observation queries in its place, compressed as a prefill's would be."""
+    from rift_ada.cache import RiftCache
+    from rift_ada.speculative import PREFILL_CHUNK, _chunked
+
+    cache = RiftCache.for_config(model.config, layout)
+    n = ids.shape[1]
+    with torch.inference_mode():
+        if prefill == "model":
+            chunk = PREFILL_CHUNK if ids.device.type == "cuda" else 0
+            _chunked(model, ids, torch.arange(n, device=ids.device)[None], chunk, cache=cache, rift_observer=cache)
+        else:
+            cache.load_from(RandomKV(model, n, ids.device))
+            c, w = model.config, min(layout.obs_window, n)
+            for layer in cache.rift_layers:
+                q = torch.randn(1, c.num_attention_heads, w, c.head_dim, device=ids.device, dtype=model.dtype)
+                layer.observe(q, torch.arange(n - w, n, device=ids.device))
+        cache.compress()
+    return cache
+
+
+def time_draft(model, step, ids: torch.Tensor, layout, args, weights: int, peak: float) -> dict:
+    """The draft's step over a cache of ``ids`` under ``layout``: rounds of k steps from one pending token, each
+    round rolled back to one kept token (what a round with no draft accepted leaves), and its refresh."""
+    room = ids.shape[1] + 4 * (REPS + 4) + args.draft_length + 2
     t0 = time.perf_counter()
-    target = random_model(TINY_TARGET if args.tiny else QWEN3_8B, max_len, device, dtype, seed=1)
-    draft = random_model(TINY_DRAFT if args.tiny else QWEN3_4B, max_len, device, dtype, seed=2)
-    report = {
-        "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
-        "torch": torch.__version__, "dtype": str(dtype).removeprefix("torch."),
-        "target": "tiny" if args.tiny else "Qwen3-8B shape", "draft": "tiny" if args.tiny else "Qwen3-4B shape",
-        "target_params": sum(p.numel() for p in target.parameters()),
-        "draft_params": sum(p.numel() for p in draft.parameters()),
-        "budget": args.budget, "period": args.period, "draft_length": args.draft_length,
-        "max_new_tokens": args.max_new_tokens, "peak_tb_s": args.peak_tb_s, "init_s": time.perf_counter() - t0,
-        "lengths": [],
-    }
-    print(json.dumps({k: v for k, v in report.items() if k != "lengths"}), file=sys.stderr, flush=True)
-    gen = torch.Generator().manual_seed(0)
-    for length in args.lengths:
-        prompt = torch.randint(0, target.config.vocab_size, (length,), generator=gen).tolist()
-        report["lengths"].append(bench_length(target, draft, prompt, policies, args))
-        print(json.dumps(report["lengths"][-1]), file=sys.stderr, flush=True)
-        write_output(args.output, report)  # each length as it finishes: a run cut short keeps what it measured
-    del target, draft
-    if not args.skip_testbed:
-        report["testbed_lossless"] = testbed_lossless(device, args.draft_length)
-    report["seconds"] = time.perf_counter() - t0
-    print(json.dumps(report, indent=1))
-    print(table(report))
-    write_output(args.output, report)
-    return 0
+    cache = prefill_draft(model, ids, layout, args.prefill)
+    sync(args.device)
+    prefill_s = time.perf_counter() - t0
+    step.prepare(cache, room)
+    k, token = args.draft_length, int(ids[0, -1])
 
+    def one_round():
+        step.round(cache, [token], k)
 
-def bench_length(target, draft, prompt: list[int], policies: dict, args) -> dict:
-    """One input length's row: plain greedy, our loop with each draft cache (and rift-dyn compiled), HF assisted
-    generation, and the models' bare forwards."""
-    from rift_ada.models import greedy_reference
-    from rift_ada.speculative import SpeculativeDecoder
+    def roll_back():
+        with torch.inference_mode():
+            cache.rollback(k - 1)
 
-    peak, dw = args.peak_tb_s * 1e12, n_bytes(draft)
-    row = {"input_tokens": len(prompt)}
-    plain, t_plain = timed(lambda: greedy_reference(target, prompt, args.max_new_tokens), args.device)
-    row["target_greedy_tokens_per_s"] = args.max_new_tokens / t_plain
-    for name, policy in policies.items():
-        dec = SpeculativeDecoder(target, draft, policy.layout, args.draft_length)
-        tokens, row[name] = run_policy(dec, prompt, args.max_new_tokens, policy.controller, peak, dw)
-        row[name]["shared_prefix_with_greedy"] = shared_prefix(tokens, plain)
-        del dec
-    if args.compile:
-        row.update(compiled_rift_dyn(target, draft, prompt, plain, policies["rift-dyn"], args, peak, dw))
-    hf = time_hf_assisted(target, draft, [prompt], args.max_new_tokens, args.draft_length, device=args.device)
-    for name, ([tokens], seconds) in hf.items():
-        row[name] = {"tokens_per_s": len(tokens) / seconds, "shared_prefix_with_greedy": shared_prefix(tokens, plain)}
-    # The models alone, on HF's own cache: what a draft step and a verify pass cost without our loop around them.
-    row["bare_draft_forward_ms"] = bare_forward_ms(draft, prompt, 1)
-    row["bare_verify_forward_ms"] = bare_forward_ms(target, prompt, args.draft_length + 1)
-    if args.device.startswith("cuda"):
-        row["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
-        torch.cuda.reset_peak_memory_stats()
+    warm = ms_per_call(one_round, 3, args.device, roll_back)  # compiles, warms up and records the CUDA graph
+    ms = ms_per_call(one_round, REPS, args.device, roll_back) / k
+    active = cache.rift_layers[0].n_active
+    kv = active * kv_bytes_per_token(model)
+    row = {"ms_per_step": ms, "warmup_ms_per_round": warm, "prefill_s": prefill_s, "active_tokens": active,
+           "attended_slots": step.arena.capacity, "weight_bytes": weights, "kv_bytes": kv,
+           "bound_ms": 1000 * (weights + kv) / peak}
+    row["ratio_to_bound"] = ms / row["bound_ms"]
+    if layout.refreshable:
+        def refresh():
+            with torch.inference_mode():
+                cache.refresh()
+        row["refresh_ms"] = ms_per_call(refresh, 3, args.device)
+    row["kernels_per_step"], row["gpu_busy_ms_per_step"] = kernel_profile(one_round, k, roll_back, args.device)
+    step.release()  # the cache's buffers: freed with it on return
     return row
 
 
-def run_policy(dec, prompt, max_new, controller, peak_bytes_s, draft_weight_bytes):
-    """Decode once with ``rift_ada.profiling.profile_decode``: it times every step() from outside (so the phases the
-    decoder records can be subtracted: the rest is the framework's overhead) and the models' forwards inside."""
-    from rift_ada.profiling import profile_decode
+def kernel_profile(fn, per_call: int, between, device) -> tuple[float | None, float | None]:
+    """Device kernels per step and their summed time (torch.profiler over one call; the kernels a CUDA graph
+    replays are listed where the profiler sees into graphs): the floor a small model meets inside a graph."""
+    if torch.device(device).type != "cuda":
+        return None, None
+    try:
+        from torch.profiler import ProfilerActivity, profile
 
-    prof = profile_decode(dec, prompt, max_new, controller)
-    prefill, total = prof.seconds - prof.step_seconds, prof.step_seconds
-    rounds = dec.result.rounds
-    phases = {p: sum(getattr(r, f"{p}_seconds") for r in rounds) for p in ("draft", "verify", "refresh", "rollback")}
-    kv = max(r.active_kv_bytes for r in rounds)
-    return prof.tokens, {
-        "prefill_s": prefill,
-        "rounds": len(rounds),
-        "acceptance_length": len(prof.tokens[1:]) / max(len(rounds), 1),
-        "refreshes": dec.result.refreshes,
-        "draft_ms_per_step": draft_ms_per_step([dec.result]),
-        "draft_active_kv_bytes": kv,
-        "draft_attention_read_ms_at_peak": 1000 * kv / peak_bytes_s,
-        "draft_weights_read_ms_at_peak": 1000 * draft_weight_bytes / peak_bytes_s,
-        "round_ms": 1000 * total / max(len(rounds), 1),
-        "verify_ms": verify_ms_per_round([dec.result]),
-        "round_split": {**{p: s / total for p, s in phases.items()},
-                        "overhead": max(total - sum(phases.values()), 0.0) / total},
-        # The same rounds split by work (profile_decode): model forwards, rescoring, everything else.
-        "forward_share": prof.forward_seconds / total,
-        "overhead_share": prof.overhead_share,
-        "decode_tokens_per_s": (len(prof.tokens) - 1) / total,  # after the first token (prefill excluded)
-        "tokens_per_s": len(prof.tokens) / prof.seconds,  # end to end, as HF generate is timed
-    }
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            sync(device)
+        between()
+        kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        if not kernels:  # this profiler does not see the kernels a graph replays
+            return None, None
+        return len(kernels) / per_call, sum(e.device_time for e in kernels) / 1000 / per_call
+    except Exception as e:  # the profiler is a nicety here: never the reason a run fails
+        print(f"note: no kernel profile ({type(e).__name__}: {e})", file=sys.stderr)
+        return None, None
 
 
-def compiled_rift_dyn(target, draft, prompt, plain, policy, args, peak, dw) -> dict:
-    """rift-dyn with the draft step and the verify compiled (``rift_ada.static``): a warm-up on the same prompt
-    compiles them (``compile_s``; ``warmup_graphs``: the draft step's graph at the first length only, the verify's at
-    each, as the target's static cache holds the prompt), then the timed run (``recompiles``: graphs compiled during
-    it)."""
-    from rift_ada.speculative import SpeculativeDecoder
+def time_target(target, verify, plain, ids: torch.Tensor, args, peak: float) -> dict:
+    """The target's verify of k + 1 tokens and its plain step over a cache of ``ids``, each rolled back after."""
+    from transformers import DynamicCache
 
-    dec = SpeculativeDecoder(target, draft, policy.layout, args.draft_length, draft_step="compiled",
-                             verify_step="compiled")
-    compile_s, warm = warm_up(lambda: run_policy(dec, prompt, args.max_new_tokens, policy.controller, peak, dw),
-                              args.device)
-    before = compiled_graphs()
-    tokens, row = run_policy(dec, prompt, args.max_new_tokens, policy.controller, peak, dw)
-    row["shared_prefix_with_greedy"] = shared_prefix(tokens, plain)
-    return {"rift-dyn-compiled": row, "compile_s": compile_s, "warmup_graphs": warm,
-            "recompiles": compiled_graphs() - before}
+    from rift_ada.speculative import PREFILL_CHUNK, _chunked
+
+    n, k = ids.shape[1], args.draft_length
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        if args.prefill == "model":
+            prefilled = DynamicCache(config=target.config)
+            _chunked(target, ids, torch.arange(n, device=ids.device)[None], PREFILL_CHUNK if ids.device.type == "cuda"
+                     else 0, cache=prefilled)
+        else:
+            prefilled = RandomKV(target, n, ids.device)
+        cache = verify.cache(prefilled, n + k + 2)
+    del prefilled
+    sync(args.device)
+    prefill_s = time.perf_counter() - t0
+    drafts = torch.zeros(k, dtype=torch.long, device=ids.device)
+    token = int(ids[0, -1])
+
+    def back(m):
+        return lambda: cache.crop(-m)
+
+    weights, per_token = weight_bytes(target), kv_bytes_per_token(target)
+    row = {"prefill_s": prefill_s, "weight_bytes": weights, "kv_bytes": n * per_token}
+    for name, fn, m in (("verify", lambda: verify.on_device(cache, token, drafts), k + 1),
+                        ("plain", lambda: plain(cache, [token]), 1)):
+        warm = ms_per_call(fn, 3, args.device, back(m))
+        ms = ms_per_call(fn, REPS, args.device, back(m))
+        bound = 1000 * (weights + n * per_token) / peak
+        row[name] = {"ms": ms, "warmup_ms": warm, "bound_ms": bound, "ratio_to_bound": ms / bound}
+    verify.release()
+    return row
 
 
-def testbed_lossless(device: str, k: int) -> dict:
-    """Greedy speculative decoding on the trained testbed pair, on this device in float32, against the target's own
-    greedy output: every policy must reproduce it token for token."""
-    from rift_ada.data import build_tasks, encode
-    from rift_ada.evaluate import evaluate
-    from rift_ada.models import load_pair
+def steps_section(target, drafts: dict, args, report: dict, save) -> None:
     from rift_ada.policies import make_policy
-    from rift_ada.speculative import Decoding, SpeculativeDecoder
+    from rift_ada.static import StaticDraftStep, StaticVerify
 
-    pair = load_pair("testbed", "testbed-draft", device=device, dtype="float32")
-    prompts = [encode(pair.tokenizer, t.prompt) for t in build_tasks(pair.tokenizer, "low", n=2, input_tokens=2048)]
+    compiled, peak, k = args.steps == "compiled", args.peak_tb_s * 1e12, args.draft_length
+    verify, plain = StaticVerify(target, k + 1, compile=compiled), StaticVerify(target, 1, compile=compiled)
+    steps = {name: StaticDraftStep(model, compile=compiled) for name, model in drafts.items()}
+    layouts = {"rift": make_policy("rift-dyn", args.budget, period=args.period).layout,
+               "full": make_policy("full").layout}
+    gen = torch.Generator().manual_seed(0)
+    report["steps"] = []
+    for length in args.lengths:
+        ids = torch.randint(0, target.config.vocab_size, (1, length), generator=gen).to(args.device)
+        row = {"input_tokens": length}
+        parts = [("target", None, lambda: time_target(target, verify, plain, ids, args, peak))]
+        for name, model in drafts.items():
+            caches = ("rift", "full") if name in args.full else ("rift",)
+            parts += [(name, cache, lambda m=model, n=name, c=cache: time_draft(
+                m, steps[n], ids, layouts[c], args, weight_bytes(m), peak)) for cache in caches]
+        for name, cache, part in parts:
+            try:  # a part that fails (out of memory at 128K, a skipped graph) is recorded; the others still run
+                value = part()
+            except Exception as e:
+                value = failed(f"steps {length} {name} {cache or ''}", e, args.device)
+            if cache is None:
+                row[name] = value
+            else:
+                row.setdefault(name, {})[cache] = value
+        if torch.device(args.device).type == "cuda":
+            row["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            torch.cuda.reset_peak_memory_stats()
+        report["steps"].append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        save()
+    report["costs"] = round_costs(report, args)
+
+
+def failed(where: str, e: Exception, device) -> dict:
+    """A part that raised, as its row says it (the traceback goes to the log)."""
+    import traceback
+
+    traceback.print_exc()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+    return {"error": f"{where}: {type(e).__name__}: {str(e)[:1500]}"}
+
+
+def round_costs(report: dict, args) -> dict:
+    """Per draft: the joint controller's ``RoundCosts`` from the measured steps (verify at block 1 = the plain step,
+    at 2..k + 1 = the padded verify; draft step and refresh by length) and the full-cache step by length."""
+    from rift_ada.joint.costs import RoundCosts
+
+    k = args.draft_length
     out = {}
-    for name, kw in (("full", {}), ("rift-stat", {"budget": 256}), ("rift-dyn", {"budget": 256, "period": 32})):
-        pol = make_policy(name, **kw)
-        dec = SpeculativeDecoder.for_pair(pair, pol.layout, Decoding(k))
-        ev = evaluate(dec, prompts, pol.controller, 128, greedy_check=True)
-        out[name] = {"acceptance_length": ev.summary["acceptance_length"],
-                     "target_greedy_match": ev.summary["target_greedy_match"]}
+    for name in args.drafts:
+        # The lengths whose target and RIFT step were both measured (a failed part leaves an error instead).
+        rows = [r for r in report["steps"] if "error" not in r["target"] and "error" not in r[name]["rift"]]
+        if not rows:
+            continue
+        costs = RoundCosts(
+            lengths=tuple(r["input_tokens"] for r in rows), blocks=(1, 2, k + 1),
+            verify_s=tuple((r["target"]["plain"]["ms"] / 1000,) + (r["target"]["verify"]["ms"] / 1000,) * 2
+                           for r in rows),
+            draft_s=tuple(r[name]["rift"]["ms_per_step"] / 1000 for r in rows),
+            refresh_s=tuple(r[name]["rift"]["refresh_ms"] / 1000 for r in rows), budget=args.budget,
+            steps=args.steps)
+        entry = {"rift": costs.to_dict()}
+        if all("ms_per_step" in r[name].get("full", {}) for r in rows):
+            entry["full_draft_s"] = [r[name]["full"]["ms_per_step"] / 1000 for r in rows]
+        out[name] = entry
     return out
 
 
+# --- the shipped pair --------------------------------------------------------------------------------------------
+def testbed_section(args, guard: GraphGuard) -> dict:
+    """The shipped pair in float32 on one ``low`` prompt: rift-dyn compiled against compiled greedy, decode only,
+    each warmed up on the same prompt first."""
+    from rift_ada.bench import compiled_greedy, plain_decode, timed
+    from rift_ada.data import build_tasks, encode
+    from rift_ada.evaluate import decode
+    from rift_ada.models import greedy_reference, load_pair
+    from rift_ada.policies import make_policy
+    from rift_ada.speculative import Decoding, SpeculativeDecoder
+    from rift_ada.static import StaticVerify
+
+    pair = load_pair("testbed", "testbed-draft", device=args.device, dtype="float32")
+    eos, n = pair.tokenizer.eos_token_id, args.testbed_new_tokens
+    ids = encode(pair.tokenizer, build_tasks(pair.tokenizer, "low", n=1, input_tokens=args.testbed_length)[0].prompt)
+    reference = greedy_reference(pair.target, ids, n, eos)
+    policy = make_policy("rift-dyn", 512, period=args.period)
+    dec = SpeculativeDecoder.for_pair(pair, policy.layout, Decoding(args.draft_length, draft_step=args.steps,
+                                                                    verify_step=args.steps))
+    out = {"input_tokens": len(ids), "new_tokens": n}
+    decode(dec, ids, n, policy.controller)  # warm-up: compiles, records the graphs
+    reads = dec.host_reads
+    res = decode(dec, ids, n, policy.controller)
+    out["rift_dyn"] = {"tokens_per_s": (len(res.tokens) - 1) / res.decode_seconds,
+                       "acceptance_length": (len(res.tokens) - 1) / len(res.rounds), "refreshes": res.refreshes,
+                       "host_reads_per_round": (dec.host_reads - reads) / len(res.rounds),
+                       "same_as_hf_greedy": res.tokens == reference}
+    step = StaticVerify(pair.target, 1, compile=args.steps == "compiled")
+    plain_decode(pair.target, ids, n, eos, step=step)  # warm-up
+    tokens, seconds = plain_decode(pair.target, ids, n, eos, step=step)
+    out["greedy_ours"] = {"tokens_per_s": (len(tokens) - 1) / seconds, "same_as_hf_greedy": tokens == reference}
+    if args.steps != "compiled":  # HF's compiled generate is the compiled baseline: nothing to set against static
+        out["rift_dyn_vs_best_greedy"] = out["rift_dyn"]["tokens_per_s"] / out["greedy_ours"]["tokens_per_s"]
+        return out
+    greedy = compiled_greedy(pair.target, eos)
+
+    def hf():
+        greedy(ids, n)  # warm-up
+        toks, t_all = timed(lambda: greedy(ids, n), args.device)
+        _, t_one = timed(lambda: greedy(ids, 1), args.device)
+        return toks, (len(toks) - 1) / max(t_all - t_one, 1e-9)
+
+    (toks, speed), skipped = guard.baseline(hf)
+    out["greedy_hf_compiled"] = {"tokens_per_s": speed, "same_as_hf_greedy": toks == reference,
+                                 "cudagraphs_skipped": skipped}
+    best = max(out["greedy_ours"]["tokens_per_s"], out["greedy_hf_compiled"]["tokens_per_s"])
+    out["rift_dyn_vs_best_greedy"] = out["rift_dyn"]["tokens_per_s"] / best
+    return out
+
+
+def ties_section(args) -> dict:
+    """Where bf16 greedy outputs part from HF's at ``--tie-length``: the float32 target's logits at that position,
+    the margin between the two tokens chosen (a near-tie when it is within bf16's rounding of logits that size)."""
+    from rift_ada.bench import plain_decode, shared_prefix
+    from rift_ada.data import build_tasks, encode
+    from rift_ada.evaluate import decode
+    from rift_ada.models import greedy_reference, load_model, load_pair
+    from rift_ada.policies import make_policy
+    from rift_ada.speculative import Decoding, SpeculativeDecoder
+
+    dtype = "float32" if torch.device(args.device).type == "cpu" else "bfloat16"
+    pair = load_pair("testbed", "testbed-draft", device=args.device, dtype=dtype)
+    eos, n = pair.tokenizer.eos_token_id, min(128, args.testbed_new_tokens)
+    ids = encode(pair.tokenizer, build_tasks(pair.tokenizer, "low", n=1, input_tokens=args.tie_length)[0].prompt)
+    hf = greedy_reference(pair.target, ids, n, eos)
+    policy = make_policy("rift-dyn", 512, period=args.period)
+    dec = SpeculativeDecoder.for_pair(pair, policy.layout, Decoding(args.draft_length, draft_step="static",
+                                                                    verify_step="static"))
+    outputs = {"static_greedy": plain_decode(pair.target, ids, n, eos)[0],
+               "rift_dyn_static": decode(dec, ids, n, policy.controller).tokens}
+    f32 = load_model("testbed", dtype="float32", device=args.device)
+    out = {"dtype": dtype, "input_tokens": len(ids)}
+    for name, tokens in outputs.items():
+        i = shared_prefix(tokens, hf)
+        row = {"shared_prefix": i, "equal": tokens == hf}
+        if i < min(len(tokens), len(hf)):
+            with torch.inference_mode():
+                logits = f32(torch.tensor([ids + hf[:i]], device=args.device), logits_to_keep=1).logits[0, -1]
+            a, b = hf[i], tokens[i]
+            top = logits.topk(2).values
+            row.update(hf_token=a, other_token=b, float32_logit_gap=float(logits[a] - logits[b]),
+                       float32_top2_gap=float(top[0] - top[1]), logit_scale=float(logits.abs().max()),
+                       float32_argmax=int(logits.argmax()))
+        out[name] = row
+    return out
+
+
+def decode_section(target, drafts: dict, args) -> dict:
+    """One compiled rift-dyn generation with the first draft at the first length, after a warm-up on it."""
+    from rift_ada.evaluate import decode
+    from rift_ada.policies import make_policy
+    from rift_ada.speculative import SpeculativeDecoder
+
+    name, draft = next(iter(drafts.items()))
+    length = args.lengths[0]
+    ids = torch.randint(0, target.config.vocab_size, (length,), generator=torch.Generator().manual_seed(1)).tolist()
+    policy = make_policy("rift-dyn", args.budget, period=args.period)
+    dec = SpeculativeDecoder(target, draft, policy.layout, args.draft_length, draft_step=args.steps,
+                             verify_step=args.steps)
+    decode(dec, ids, args.max_new_tokens, policy.controller)
+    reads = dec.host_reads
+    res = decode(dec, ids, args.max_new_tokens, policy.controller)
+    rounds = res.rounds
+    drafted = max(sum(r.draft_length for r in rounds), 1)
+    return {"draft": name, "input_tokens": length, "new_tokens": len(res.tokens), "rounds": len(rounds),
+            "decode_tokens_per_s": (len(res.tokens) - 1) / res.decode_seconds,
+            "prefill_s": res.prefill_seconds, "host_reads_per_round": (dec.host_reads - reads) / len(rounds),
+            "round_ms": 1000 * res.decode_seconds / len(rounds),
+            "draft_ms_per_step_in_loop": 1000 * sum(r.draft_seconds for r in rounds) / drafted,
+            "acceptance_length": (len(res.tokens) - 1) / len(rounds), "refreshes": res.refreshes}
+
+
+# --- modelled tokens/s ---------------------------------------------------------------------------------------------
+def model_section(args) -> dict:
+    """Modelled decode tokens/s of ``--tables`` under the costs of ``--model-from``, per draft, at each length."""
+    from rift_ada.joint.costs import RoundCosts
+    from rift_ada.joint.replay import modelled_paths
+    from rift_ada.replay.table import ReplayTable
+
+    measured = json.loads(Path(args.model_from).read_text())
+    if "costs" not in measured:
+        raise ValueError(f"{args.model_from}: no costs (a gpu_check JSON whose steps section finished)")
+    files = sorted(Path(args.tables).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"--tables {args.tables}: no .safetensors replay tables there")
+    tables = [ReplayTable.load(f) for f in files]
+    controller = None
+    if args.controller:
+        from rift_ada.joint.control import is_joint
+        from rift_ada.refresh.loader import load_controller
+
+        controller = load_controller(args.controller)
+        if not is_joint(controller):
+            raise ValueError(f"--controller {args.controller}: not a joint controller file")
+    out = {"tables": len(tables), "table_prompt_tokens": sorted({t.prompt_len for t in tables}), "drafts": {}}
+    for name, entry in measured["costs"].items():
+        costs = RoundCosts.from_dict(entry["rift"], args.model_from)
+        full = entry.get("full_draft_s") or [float("nan")] * len(costs.lengths)
+        out["drafts"][name] = {
+            str(length): {path: {"tokens_per_s": r["tokens_per_s"], "acceptance_length": r["acceptance_length"],
+                                 "refreshes": r["refreshes"], "k_share": r["k_share"]}
+                          for path, r in modelled_paths(tables, costs, full, args.draft_length, args.period,
+                                                        controller, price_at=length).items()}
+            for length in costs.lengths}
+        out["drafts"][name]["costs"] = entry
+    return out
+
+
+# --- the run -----------------------------------------------------------------------------------------------------
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        from rift_ada.cli import apply_runtime, check_output
+
+        apply_runtime(args)
+        check_output(args.output)
+        if args.model_from:
+            report = model_section(args)
+            print(json.dumps(report, indent=1))
+            write_output(args.output, report)
+            return 0
+    except (ValueError, FileNotFoundError, OSError) as e:
+        return fail(e)
+    import rift_ada.static
+
+    rift_ada.static.ATTENTION = None if args.attention == "auto" else args.attention
+    device = args.device
+    dtype = getattr(torch, args.dtype) if args.dtype else torch.float32 if device == "cpu" else torch.bfloat16
+    guard = GraphGuard(device)
+    t0 = time.perf_counter()
+    report = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
+              "torch": torch.__version__, "dtype": str(dtype).removeprefix("torch."), "tiny": args.tiny,
+              "steps_kind": args.steps, "attention": rift_ada.static.attention_for(device), "budget": args.budget,
+              "draft_length": args.draft_length, "peak_tb_s": args.peak_tb_s, "sections": args.sections}
+
+    def save():
+        report["seconds"] = time.perf_counter() - t0
+        write_output(args.output, report)  # each part as it finishes: a run cut short keeps what it measured
+
+    needs_models = {"steps", "decode"} & set(args.sections)
+    if needs_models:
+        max_len = max(args.lengths) + 4 * (REPS + 4) + args.max_new_tokens + 2 * args.draft_length + 16
+        target = random_model(TINY_TARGET if args.tiny else QWEN3_8B, max_len, device, dtype, seed=1)
+        shapes = TINY_DRAFTS if args.tiny else DRAFTS
+        drafts = {name: random_model(shapes[name], max_len, device, dtype, seed=2 + i)
+                  for i, name in enumerate(args.drafts)}
+        from rift_ada.attention import use_rift_attention
+
+        for model in drafts.values():
+            use_rift_attention(model)
+        report["params"] = {"target": sum(p.numel() for p in target.parameters()),
+                            **{n: sum(p.numel() for p in m.parameters()) for n, m in drafts.items()}}
+        report["init_s"] = time.perf_counter() - t0
+        print(json.dumps(report), file=sys.stderr, flush=True)
+    errors = 0
+    for section in args.sections:
+        t = time.perf_counter()
+        try:  # a failed section is recorded and the next one runs: one device call brings back all it can
+            if section == "steps":
+                steps_section(target, drafts, args, report, save)
+            elif section == "testbed":
+                report["testbed"] = testbed_section(args, guard)
+            elif section == "decode":
+                report["decode"] = decode_section(target, drafts, args)
+            elif section == "ties":
+                report["ties"] = ties_section(args)
+            guard.check(section)
+        except Exception as e:
+            report[f"{section}_error"] = failed(section, e, device)["error"]
+            guard.allowed = guard.skips()  # counted against this section only
+            errors += 1
+        report.setdefault("section_s", {})[section] = time.perf_counter() - t
+        print(json.dumps({section: report.get(section if section != "steps" else "costs")}), file=sys.stderr,
+              flush=True)
+        save()
+    errors += sum("error" in str(r) for r in report.get("steps", []))
+    report["cudagraph_skips"] = guard.skips()
+    save()
+    if report.get("steps"):
+        print(table(report))
+    return 1 if errors else 0
+
+
 def table(report: dict) -> str:
-    """The README's table: one row per input length."""
-    lines = ["| input | draft ms/step: full / 8K rift / model alone | draft KV at peak bandwidth (ms): full / rift | "
-             "draft weights at peak (ms) | verify ms: ours / model alone | rift-dyn round: draft / verify / refresh / "
-             "rollback / other | tok/s: ours full / rift-dyn / HF k=11 / HF default / greedy |",
-             "|---|---|---|---|---|---|---|"]
-    for r in report["lengths"]:
-        f, s, d = r["full"], r["rift-stat"], r["rift-dyn"]
-        split = " / ".join(f"{100 * d['round_split'][k]:.0f}%" for k in ("draft", "verify", "refresh", "rollback",
-                                                                         "overhead"))
-        lines.append(
-            f"| {r['input_tokens']} | {f['draft_ms_per_step']:.1f} / {s['draft_ms_per_step']:.1f} / "
-            f"{r['bare_draft_forward_ms']:.1f} | {f['draft_attention_read_ms_at_peak']:.2f} / "
-            f"{s['draft_attention_read_ms_at_peak']:.2f} | {f['draft_weights_read_ms_at_peak']:.2f} | "
-            f"{f['verify_ms']:.1f} / {r['bare_verify_forward_ms']:.1f} | {split} | {f['tokens_per_s']:.2f} / "
-            f"{d['tokens_per_s']:.2f} / {r['hf_assisted']['tokens_per_s']:.2f} / "
-            f"{r['hf_assisted_default']['tokens_per_s']:.2f} / {r['target_greedy_tokens_per_s']:.2f} |")
+    """One row per length and draft: ms per step, its bound and the ratio; the target's verify and plain step."""
+    lines = ["| input | step | ms | bound ms | ratio |", "|---|---|---|---|---|"]
+    for r in report["steps"]:
+        t = r["target"]
+        for name in ("verify", "plain") if "error" not in t else ():
+            lines.append(f"| {r['input_tokens']} | target {name} | {t[name]['ms']:.2f} | {t[name]['bound_ms']:.2f} | "
+                         f"{t[name]['ratio_to_bound']:.2f} |")
+        for draft in [k for k in r if k in DRAFTS]:
+            for cache, x in ((c, x) for c, x in r[draft].items() if "error" not in x):
+                lines.append(f"| {r['input_tokens']} | {draft} draft, {cache} | {x['ms_per_step']:.3f} | "
+                             f"{x['bound_ms']:.3f} | {x['ratio_to_bound']:.2f} |")
     return "\n".join(lines)
 
 

@@ -48,25 +48,32 @@ def parse_args(argv=None):
 
 
 class ForwardClock:
-    """Seconds spent inside ``StaticVerify.__call__`` (the target's forward, inputs included) while installed."""
+    """Seconds spent inside ``StaticVerify.__call__`` and ``StaticVerify.on_device`` (the target's forward, inputs
+    included; the decoder's device rounds verify through the latter) while installed."""
+
+    METHODS = ("__call__", "on_device")
 
     def __init__(self):
-        self.seconds, self._orig = 0.0, StaticVerify.__call__
+        self.seconds, self._orig = 0.0, {name: getattr(StaticVerify, name) for name in self.METHODS}
 
     def __enter__(self):
-        orig, clock = self._orig, self
+        clock = self
 
-        def timed(verify, cache, tokens):
-            t = time.perf_counter()
-            out = orig(verify, cache, tokens)
-            clock.seconds += time.perf_counter() - t
-            return out
+        def timing(orig):
+            def timed(verify, *args):
+                t = time.perf_counter()
+                out = orig(verify, *args)
+                clock.seconds += time.perf_counter() - t
+                return out
+            return timed
 
-        StaticVerify.__call__ = timed
+        for name, orig in self._orig.items():
+            setattr(StaticVerify, name, timing(orig))
         return self
 
     def __exit__(self, *exc):
-        StaticVerify.__call__ = self._orig
+        for name, orig in self._orig.items():
+            setattr(StaticVerify, name, orig)
 
 
 def main(argv=None) -> int:

@@ -100,22 +100,30 @@ def time_hf_assisted(target, draft, prompts: list, max_new_tokens: int, k: int, 
 
 @torch.inference_mode()
 def plain_decode(target, ids: list[int], new_tokens: int, eos: int | None, temperature: float = 0.0,
-                 seed: int = 0) -> tuple[list[int], float]:
-    """The target alone, one token per forward on ``rift_ada.static``'s static cache (eager): the speculate-never
-    baseline without transformers' per-step cache concatenation; greedy at temperature 0, else sampled (the
-    decoder's ``sampling_probs``, seeded). (tokens, decode seconds after the first token)."""
+                 seed: int = 0, step=None) -> tuple[list[int], float]:
+    """The target alone, one token per forward on ``rift_ada.static``'s static cache: the speculate-never baseline
+    without transformers' per-step cache concatenation; greedy at temperature 0, else sampled (the decoder's
+    ``sampling_probs``, seeded). ``step``: the ``StaticVerify`` (block 1) to run, e.g. a compiled one reused across
+    calls (default: a new eager one); compiled and greedy, the tokens stay on the device and are read once at the end
+    (``StaticVerify.greedy``). (tokens, decode seconds after the first token)."""
     from transformers import DynamicCache
 
-    from .rounds import sample, sampling_probs
-    from .static import StaticKV, StaticVerify
+    from .rounds import cut_at_eos, sample, sampling_probs
+    from .static import StaticVerify
 
     g = torch.Generator(device=target.device).manual_seed(seed)
     x = torch.tensor([ids], device=target.device)
     cache = DynamicCache(config=target.config)
     logits = target(x, cache=cache, logits_to_keep=1).logits[0, -1]
     token = sample(sampling_probs(logits, temperature), logits, g)
-    cache, step, tokens = StaticKV(cache, len(ids) + new_tokens + 1), StaticVerify(target, 1), [token]
+    step = step or StaticVerify(target, 1)
+    cache, tokens = step.cache(cache, len(ids) + new_tokens + 1), [token]
     t = time.perf_counter()
+    if temperature == 0 and step.compiled and token != eos and new_tokens > 1:
+        steps = new_tokens - 1
+        tokens += cut_at_eos(step.greedy(cache, token, steps).tolist(), eos)
+        seconds = time.perf_counter() - t  # the read waited for the device
+        return tokens, seconds * (len(tokens) - 1) / steps  # steps past an EOS, which the loop cannot see, not counted
     while len(tokens) < new_tokens and token != eos:
         logits = step(cache, [token])[-1]
         token = sample(sampling_probs(logits, temperature), logits, g)

@@ -225,12 +225,16 @@ class RiftCache(Cache):
     def query_drift(self) -> float:
         """1 - cosine between the mean recent observation query and the one used at the last scoring, averaged over
         RIFT layers and heads (0 = same queries; post-RoPE, so the fast-rotating dimensions mostly average out)."""
+        return float(self.query_drift_tensor())
+
+    def query_drift_tensor(self) -> torch.Tensor:
+        """``query_drift`` as a 0-d float tensor on the device, nothing read back to the host."""
         now, ref = self._mean_queries(), self._reference_queries
         if now is None or ref is None:
-            return 0.0
+            return torch.zeros((), device=self._device())
         # Layers of a model spread over GPUs (device_map) live on different devices: meet on the first one's.
         cos = torch.stack([(a * b).sum(-1).mean().to(now[0].device) for a, b in zip(now, ref)]).mean()
-        return float(1.0 - cos)
+        return 1.0 - cos
 
     def read_ahead(self, cap: int = 64) -> tuple[float, float]:
         """(runway, focus) of the newest draft query, from the active cache alone (one small matmul per layer).
@@ -241,10 +245,24 @@ class RiftCache(Cache):
         p + 1, ...: the runway counts down one per generated token and reaches 0 where the selection stops, before
         acceptance falls; once nothing reads the importance part sharply (a stale selection, or novel text) the
         focus drops. (0, 0) without importance entries."""
-        best = (0.0, 0.0)
-        for layer in self.rift_layers:
-            best = max(best, layer.read_ahead(cap))
-        return best[1], best[0]
+        runway, focus = self.read_ahead_tensor(cap).tolist()
+        return runway, focus
+
+    def read_ahead_tensor(self, cap: int = 64) -> torch.Tensor:
+        """``read_ahead`` as a (2,) float tensor [runway, focus] on the device, nothing read back to the host: over
+        the layers, the largest focus, and the largest runway among the layers that reach it."""
+        reads = [r for r in (layer.read_ahead(cap) for layer in self.rift_layers) if r is not None]
+        device = self._device()
+        if not reads:
+            return torch.zeros(2, device=device)
+        focus = torch.stack([f.to(device) for f, _ in reads])
+        runway = torch.stack([r.to(device) for _, r in reads])
+        best = focus.max()
+        return torch.stack([torch.where(focus == best, runway, 0.0).max(), best])
+
+    def _device(self) -> torch.device:
+        layer = next((x for x in self.kv_layers if getattr(x, "is_initialized", False)), None)
+        return layer.keys.device if layer is not None and layer.keys is not None else torch.device("cpu")
 
     def active_bytes_by_kind(self) -> dict[str, int]:
         """Bytes the draft's layers hold now: keys and values attention reads, ``full`` (RIFT layers, under the

@@ -42,18 +42,29 @@ class QueryLog:
     """A RIFT layer's recent post-RoPE queries and their positions, in position order, in preallocated buffers
     (``ROUND_SLACK`` spare). ``observation()`` is the one place that slices the last ``obs_window`` of them (scoring
     and query drift both read it). Holds up to ``capacity`` between rounds: the round's queries are trimmed in
-    ``trim()``, after the round's rollback, so a rollback leaves no trace here either."""
+    ``trim()``, after the round's rollback, so a rollback leaves no trace here either.
+
+    ``end``: one past the newest recorded position, when the host knows it and the recorded positions are
+    consecutive (a decoder feeds them so): a rollback and a grid-aligned observation then count what to drop on the
+    host instead of reading the positions back from the device (None: they read them)."""
 
     def __init__(self, obs_window: int, extra: int = 64):
         self.obs_window = obs_window
         self.capacity = obs_window + extra
         self._q = self._qpos = None  # (b, q_heads, cap, d) post-RoPE queries; (cap,) their positions
         self._n = 0
+        self.end: int | None = None
         self.queries: torch.Tensor | None = None
         self.query_pos: torch.Tensor | None = None
 
-    def record(self, query: torch.Tensor, pos: torch.Tensor) -> None:
-        """Append ``query`` (b, q_heads, q, d) at positions ``pos`` (q,)."""
+    @property
+    def size(self) -> int:
+        """Queries recorded (the next one goes to this slot)."""
+        return self._n
+
+    def record(self, query: torch.Tensor, pos: torch.Tensor, end: int | None = None) -> None:
+        """Append ``query`` (b, q_heads, q, d) at positions ``pos`` (q,); ``end``: one past the last of them, if the
+        caller knows the log then holds consecutive positions."""
         q = query.shape[2]
         if q >= self.capacity:  # a prefill: only the newest capacity can ever be read
             query, pos, q, self._n = query[:, :, -self.capacity:], pos[-self.capacity:], self.capacity, 0
@@ -66,6 +77,23 @@ class QueryLog:
         self._q[:, :, n:n + q] = query.detach()
         self._qpos[n:n + q] = pos
         self._set(n + q)
+        self.end = end
+
+    def adopt(self, q: torch.Tensor, qpos: torch.Tensor, end: int) -> None:
+        """Move into ``q`` / ``qpos`` (buffers of the same slots a static step writes), the queries recorded so far
+        being consecutive positions ending before ``end``."""
+        n = self._n
+        q[:, :, :n] = self._q[:, :, :n]
+        qpos[:n] = self._qpos[:n]
+        self._q, self._qpos = q, qpos
+        self._set(n)
+        self.end = end
+
+    def advance(self, m: int) -> None:
+        """A static step wrote the next ``m`` queries and positions into the buffers: count them."""
+        self._set(self._n + m)
+        if self.end is not None:
+            self.end += m
 
     def _set(self, n: int) -> None:
         self._n = n
@@ -75,7 +103,11 @@ class QueryLog:
         """Forget the queries at positions >= ``length`` (a rollback): recorded in position order, they are the
         newest."""
         if self._n:
-            self._set(self._n - int((self.query_pos >= length).sum()))
+            if self.end is None:
+                self._set(self._n - int((self.query_pos >= length).sum()))
+            else:
+                self._set(self._n - min(max(self.end - length, 0), self._n))
+                self.end = min(self.end, length)
 
     def trim(self) -> None:
         """Forget the oldest queries beyond ``capacity`` (at a round's end)."""
@@ -90,7 +122,10 @@ class QueryLog:
         with ``upto``, the last of those at positions before it (a grid-aligned refresh)."""
         if upto is None or self.queries is None:
             return observation_window(self.queries, self.query_pos, self.obs_window)
-        n = int((self.query_pos < upto).sum())  # recorded in position order
+        if self.end is None:
+            n = int((self.query_pos < upto).sum())  # recorded in position order
+        else:
+            n = self._n - min(max(self.end - upto, 0), self._n)
         return observation_window(self.queries[:, :, :n], self.query_pos[:n], self.obs_window)
 
 
@@ -152,13 +187,40 @@ class RiftLayer(CacheLayerMixin):
         self._v = _fit(self._v, self._n, n, ROUND_SLACK)
 
     def commit(self, q: int) -> None:
-        """The ``q`` entries after the active ones were just written (by ``update`` or a static step): count them
-        active and append them to the backing store."""
+        """The ``q`` entries after the active ones were just written (by ``update``): count them active and append
+        them to the backing store."""
         n = self._n
         if self.keep_store:
+            self.flush_store()
             self._store_append(self._k[:, :, n:n + q], self._v[:, :, n:n + q])
         self._set_active(n + q)
         self.length += q
+
+    def advance(self, q: int) -> None:
+        """A static step (``rift_ada.static``) wrote the next ``q`` entries and their queries into the buffers: count
+        them. Their copy into the backing store waits for ``flush_store`` (at the round's end, or when the store is
+        read), one copy per round instead of one per token."""
+        self._set_active(self._n + q)
+        self.length += q
+        self.log.advance(q)
+
+    def flush_store(self) -> None:
+        """Append to the backing store the newest entries not yet in it (the last active slots: eviction flushes
+        first, so they are still there)."""
+        pending = self.length - self.store_len if self.keep_store and self._store_k is not None else 0
+        if pending > 0:
+            n = self._n
+            with torch.inference_mode():  # a reader of the store outside it (a test) still gets it whole
+                self._store_append(self._k[:, :, n - pending:n], self._v[:, :, n - pending:n])
+
+    def adopt(self, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, qpos: torch.Tensor) -> None:
+        """Move the active entries into ``k`` / ``v`` and the observation log into ``q`` / ``qpos``: buffers a static
+        step owns at fixed addresses (``rift_ada.static.DraftArena``), of this layer's shapes."""
+        n = self._n
+        k[:, :, :n], v[:, :, :n] = self._k[:, :, :n], self._v[:, :, :n]
+        self._k, self._v = k, v
+        self._set_active(n)
+        self.log.adopt(q, qpos, self.length)
 
     def _set_active(self, n: int) -> None:
         self._n = n
@@ -172,10 +234,12 @@ class RiftLayer(CacheLayerMixin):
     @property
     def store_k(self) -> torch.Tensor | None:
         """The backing store's keys, (b, kv_heads, length, d): a view of the filled part."""
+        self.flush_store()
         return None if self._store_k is None else self._store_k[:, :, :self.store_len]
 
     @property
     def store_v(self) -> torch.Tensor | None:
+        self.flush_store()
         return None if self._store_v is None else self._store_v[:, :, :self.store_len]
 
     def _store_append(self, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -208,7 +272,7 @@ class RiftLayer(CacheLayerMixin):
                                "(evict_tail() must run only after a round's rollback)")
         self._set_active(self._n - n)
         if self.keep_store:
-            self.store_len -= n
+            self.store_len = min(self.store_len, self.length - n)
         self.length -= n
         self.log.drop_from(self.length)
 
@@ -230,13 +294,14 @@ class RiftLayer(CacheLayerMixin):
         tail = torch.arange(self.length - self.n_tail, self.length, device=self.imp_pos.device)
         return torch.cat([self.imp_pos, tail.expand(b, h, -1)], dim=-1)
 
-    def read_ahead(self, cap: int) -> tuple[float, float]:
-        """(focus, runway) of this layer's sharpest read of the importance part by the newest query: the largest
-        attention weight any query head puts on one importance entry, and how many of the positions right after that
-        entry's (p + 1, p + 2, ...) its KV head still keeps (capped at ``cap``; a run reaching the window counts as
-        ``cap``). See ``RiftCache.read_ahead``."""
+    def read_ahead(self, cap: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(focus, runway) of this layer's sharpest read of the importance part by the newest query, as 0-d tensors
+        on the device (no host read): the largest attention weight any query head puts on one importance entry, and
+        how many of the positions right after that entry's (p + 1, p + 2, ...) its KV head still keeps (capped at
+        ``cap``; a run reaching the window counts as ``cap``); None without queries or importance entries. See
+        ``RiftCache.read_ahead``."""
         if self.queries is None or self.queries.shape[2] == 0 or self.n_imp == 0:
-            return 0.0, 0.0
+            return None
         q = self.queries[:, :, -1:].float()  # (b, hq, 1, d): the last token the draft was fed
         b, hq, _, d = q.shape
         hkv, n = self.keys.shape[1], self.n_imp
@@ -249,9 +314,9 @@ class RiftLayer(CacheLayerMixin):
         end = torch.where(brk, idx, n).flip(-1).cummin(-1).values.flip(-1)  # index of the block's last entry
         run = (end - idx).float()
         run = torch.where(p.gather(-1, end) + 1 >= self.length - self.n_tail, float(cap), run).clamp(max=cap)
-        best = int(top.reshape(-1).argmax())
+        best = top.reshape(-1).argmax()
         runs = run.gather(-1, j.reshape(b, hkv, -1)).reshape(-1)
-        return float(top.reshape(-1)[best]), float(runs[best])
+        return top.reshape(-1)[best], runs[best]
 
     def observe(self, query: torch.Tensor, positions: torch.Tensor | None = None) -> None:
         """Record the post-RoPE ``query`` (b, q_heads, q, d) of the newest tokens, or of ``positions``."""
@@ -280,6 +345,7 @@ class RiftLayer(CacheLayerMixin):
     def evict_tail(self, keep: int | None) -> None:
         """Drop the oldest tail entries so at most ``keep`` remain (they stay in the backing store), and the oldest
         observation queries beyond capacity. Runs after a round's rollback, never before."""
+        self.flush_store()
         self.log.trim()
         drop = 0 if keep is None else self.n_tail - keep
         if drop > 0:

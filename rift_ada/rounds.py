@@ -43,14 +43,21 @@ def sample(probs: torch.Tensor | None, logits: torch.Tensor, generator: torch.Ge
     """A token from ``probs`` (one uniform draw from ``generator``), or the argmax of ``logits`` when greedy."""
     if probs is None:
         return int(logits.argmax())
+    u = torch.rand(1, generator=generator, device=probs.device, dtype=torch.float64)
+    return int(draw(probs, u))
+
+
+def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token (a 0-d long tensor, on the device: no host read) that the uniform ``u`` (shape (1,), float64) picks
+    from ``probs`` (vocab,) by the inverse CDF. :func:`sample`'s draw, and the device round's (``draft_on_device``,
+    :func:`accept_on_device`), inside a compiled graph too."""
     # Inverse CDF from one uniform draw: exact for a normalised distribution. torch.multinomial would normalise
     # whatever weights it gets and so hide an unnormalised input (e.g. a residual never divided by its sum).
     cdf = probs.double().cumsum(-1)
-    u = torch.rand(1, generator=generator, device=probs.device, dtype=torch.float64)
-    i = int(torch.searchsorted(cdf, u, right=True))  # first cdf > u: never a zero-probability token
-    if i < cdf.shape[-1]:
-        return i
-    return int(probs.nonzero()[-1])  # u beyond cdf[-1] by rounding: the last token with any probability
+    i = torch.searchsorted(cdf, u.to(cdf.dtype), right=True)[0]  # first cdf > u: never a zero-probability token
+    vocab = torch.arange(probs.shape[-1], device=probs.device)
+    last = torch.where(probs > 0, vocab, -1).max()  # u beyond cdf[-1] by rounding: the last token with any mass
+    return torch.where(i < probs.shape[-1], i, last)
 
 
 def token_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float, top_k: int = 0,
@@ -85,6 +92,34 @@ def accept(drafts: list[int], q_probs: list, t_logits: torch.Tensor, generator: 
         return i, sample(residual / total if total > 0 else p, t_logits[i], generator)
     bonus = t_logits[len(drafts)]
     return len(drafts), sample(sampling_probs(bonus, temperature, top_k, top_p), bonus, generator)
+
+
+def accept_on_device(drafts: torch.Tensor, q_probs: torch.Tensor | None, t_logits: torch.Tensor, u: torch.Tensor | None,
+                     temperature: float, top_k: int = 0, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`accept` as tensor code, nothing read back to the host: (accepted count, next token), 0-d long tensors.
+    ``drafts`` (k,) long, ``q_probs`` (k, vocab) the distributions they were drawn from (None: greedy), ``t_logits``
+    (k + 1, vocab), ``u`` (k + 1,) float64 uniforms: one per acceptance test, the last for the token drawn after them
+    (None: greedy). The same rule: accept x_i while u_i q_i(x_i) <= p_i(x_i); at the first rejection draw from
+    norm(max(p - q, 0)) (p where that is all zero), after k acceptances from p_k: q_k = 0 makes that the same formula.
+    Every test is computed, and the count is the length of the accepted prefix, so the tests after the first rejection
+    use uniforms that decide nothing: each decision still has its own independent uniform."""
+    k = drafts.shape[0]
+    if temperature == 0 or k == 0:
+        if temperature:  # a plain target step: one draw from p
+            return drafts.new_zeros(()), draw(sampling_probs(t_logits[0], temperature, top_k, top_p), u[:1])
+        target = t_logits.argmax(-1)
+        n = torch.cumprod((drafts == target[:k]).long(), 0).sum()
+        return n, target[n]
+    p = sampling_probs(t_logits, temperature, top_k, top_p)
+    px = p[:k].gather(-1, drafts[:, None])[:, 0].double()
+    qx = q_probs.gather(-1, drafts[:, None])[:, 0].double()
+    n = torch.cumprod((u[:k] * qx <= px).long(), 0).sum()  # u < p/q without dividing by a tiny q
+    q = torch.cat([q_probs, q_probs.new_zeros(1, q_probs.shape[-1])])
+    p_n, q_n = p.index_select(0, n[None])[0], q.index_select(0, n[None])[0]
+    residual = (p_n - q_n).clamp_min(0)
+    total = residual.sum()
+    dist = torch.where((n < k) & (total > 0), residual / torch.where(total > 0, total, 1.0), p_n)
+    return n, draw(dist, u[k:k + 1])
 
 
 def draft_count(draft_length: int, generated: int, max_new_tokens: int) -> int:

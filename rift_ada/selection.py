@@ -5,13 +5,14 @@ from __future__ import annotations
 import torch
 
 
-def top_positions(scores: torch.Tensor, candidates: torch.Tensor, n: int) -> torch.Tensor:
+def top_positions(scores: torch.Tensor, candidates: torch.Tensor, n: int, count: int | None = None) -> torch.Tensor:
     """The ``n`` best candidate positions per KV head, sorted ascending.
 
-    ``scores``: (batch, kv_heads, T) for positions ``0..T-1``; ``candidates``: (T,) bool. Returns (batch, kv_heads,
-    min(n, #candidates)) long: every head keeps the same count, so layers stay rectangular.
+    ``scores``: (batch, kv_heads, T) for positions ``0..T-1``; ``candidates``: (T,) bool, ``count`` of them True if
+    the caller knows (else read back from the device). Returns (batch, kv_heads, min(n, #candidates)) long: every head
+    keeps the same count, so layers stay rectangular.
     """
-    n = min(n, int(candidates.sum()))
+    n = min(n, int(candidates.sum()) if count is None else count)
     b, h, _ = scores.shape
     if n <= 0:
         return torch.empty(b, h, 0, dtype=torch.long, device=scores.device)
@@ -51,4 +52,5 @@ def select_importance(scorer, keys: torch.Tensor, length: int, n_imp: int, tail_
     else:
         q = qp = None
     scores = scorer.score(q, keys, qp, positions)
-    return top_positions(scores, positions < length - min(tail_keep, length), n_imp)
+    end = length - min(tail_keep, length)
+    return top_positions(scores, positions < end, n_imp, count=end)

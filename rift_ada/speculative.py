@@ -36,10 +36,11 @@ from .cache import RiftCache
 from .layout import CacheLayout
 from .models import check_vocab
 from .recurrent import TargetStates
-from .rounds import accept, cut_at_eos, draft_count, entropy, sample, sampling_probs, token_probs
+from .rift_layer import ROUND_SLACK
+from .rounds import accept, accept_on_device, cut_at_eos, draft_count, entropy, sample, sampling_probs, token_probs
 from .signals import (FRESH, RUNWAY_CAP, DecoderState, acceptance, recent_after, since_refresh_after, suffix_match,
                       target_p_mean)
-from .static import StaticKV, static_steps
+from .static import static_steps
 
 
 @dataclass
@@ -94,13 +95,16 @@ class DecodeResult:
 
 
 class _Clock:
-    """Wall time of a round's phases, synchronising the device first so GPU work is counted where it happens."""
+    """Wall time of a round's phases, synchronising the device first so GPU work is counted where it happens
+    (``sync`` None: host time only, as a round that reads the device once must; the phases then say where the host
+    waited, and only their sum is the round's time)."""
 
     def __init__(self, sync):
         self.sync, self.t, self.seconds = sync, time.perf_counter(), {}
 
     def lap(self, phase: str) -> None:
-        self.sync()
+        if self.sync is not None:
+            self.sync()
         now = time.perf_counter()
         self.seconds[f"{phase}_seconds"], self.t = now - self.t, now
 
@@ -145,19 +149,42 @@ def check_prompt(prompt_ids, max_new_tokens: int, models, device) -> torch.Tenso
     return ids
 
 
-def prefill(target, draft, ids: torch.Tensor, layout: CacheLayout, store_device=None):
+PREFILL_CHUNK = 8192  # tokens per prefill forward on CUDA (``prefill_chunk="auto"``)
+
+
+def prefill_chunk_for(chunk, device) -> int:
+    """Tokens per prefill forward: ``chunk`` as given (0: the whole prompt at once), or for "auto" PREFILL_CHUNK on
+    CUDA, where one forward over a long prompt holds every layer's activations for all of it (a 128K prompt's MLP
+    alone takes GBs), and the whole prompt on CPU (chunks change nothing there but the rounding)."""
+    if chunk == "auto":
+        return PREFILL_CHUNK if torch.device(device).type == "cuda" else 0
+    if not isinstance(chunk, int) or chunk < 0:
+        raise ValueError(f"prefill_chunk must be 'auto' or an integer >= 0 (0: the whole prompt), got {chunk!r}")
+    return chunk
+
+
+def _chunked(model, ids: torch.Tensor, pos: torch.Tensor, chunk: int, **kwargs):
+    """The model's logits at the last token of ``ids``, fed ``chunk`` tokens per forward over the cache in kwargs."""
+    step = chunk or ids.shape[1]
+    for s in range(0, ids.shape[1], step):
+        out = model(ids[:, s:s + step], position_ids=pos[:, s:s + step], logits_to_keep=1, **kwargs)
+    return out.logits
+
+
+def prefill(target, draft, ids: torch.Tensor, layout: CacheLayout, store_device=None, chunk: int = 0):
     """(target cache, draft cache, the target's logits at the prompt's last token): new caches holding the prompt
-    ``ids``, the draft's compressed under ``layout``. ``draft=None``: self-speculation."""
+    ``ids``, the draft's compressed under ``layout``. ``draft=None``: self-speculation. ``chunk``: tokens per forward
+    (0: the whole prompt in one)."""
     pos = torch.arange(ids.shape[1], device=ids.device)[None]
     tcache = DynamicCache(config=target.config)
     dcache = RiftCache.for_config((target if draft is None else draft).config, layout, store_device)
     if draft is None:
         # One prefill serves both caches: same model, same tokens; the draft cache copies the keys, values and states.
-        logits = target(ids, cache=tcache, position_ids=pos, rift_observer=dcache, logits_to_keep=1).logits
+        logits = _chunked(target, ids, pos, chunk, cache=tcache, rift_observer=dcache)
         dcache.load_from(tcache)
     else:
-        logits = target(ids, cache=tcache, position_ids=pos, logits_to_keep=1).logits
-        draft(ids, cache=dcache, position_ids=pos, rift_observer=dcache, logits_to_keep=1)
+        logits = _chunked(target, ids, pos, chunk, cache=tcache)
+        _chunked(draft, ids, pos, chunk, cache=dcache, rift_observer=dcache)
     # From now on sliding layers of the target keep every token fed since the last crop, so a rejection can be
     # rolled back once their window is full (each round's crop trims them back to the window); so do the conv
     # states of linear-attention layers. Activated after the prefill, which would otherwise record the whole
@@ -203,8 +230,10 @@ class SpeculativeDecoder:
     def __init__(self, target, draft=None, layout: CacheLayout | None = None, draft_length: int = 11,
                  temperature: float = 0.0, top_p: float = 1.0, eos_token_id: int | None = None, seed: int = 0,
                  store_device: str | None = None, top_k: int = 0, draft_step: str = "model",
-                 verify_step: str = "model"):
+                 verify_step: str = "model", prefill_chunk: int | str = "auto"):
         check_decoding(draft_length, temperature, top_p, top_k, draft_step, verify_step)
+        if draft_length + 1 > ROUND_SLACK and {draft_step, verify_step} != {"model"}:
+            raise ValueError(f"the static steps draft at most {ROUND_SLACK - 1} tokens a round (k), got {draft_length}")
         self.target = target
         self.draft = target if draft is None else draft
         self.self_speculative = draft is None or draft is target
@@ -214,7 +243,13 @@ class SpeculativeDecoder:
         self.eos_token_id, self.seed, self.store_device = eos_token_id, seed, store_device
         self.device = self.target.device
         self.draft_step, self.verify_step = draft_step, verify_step
-        self._static, self._static_verify = static_steps(self.draft, self.target, draft_step, verify_step, self.k + 1)
+        self.prefill_chunk = prefill_chunk_for(prefill_chunk, self.device)
+        self._static, self._static_verify = static_steps(self.draft, self.target, draft_step, verify_step, self.k + 1,
+                                                         self._sampling)
+        # Both steps static: the round runs on the device and reads it once (``_on_device``).
+        self.device_round = self._static is not None and self._static_verify is not None
+        self.phase_sync = False  # device rounds: synchronise at each phase, to time them (costs a sync each)
+        self.host_reads = 0  # device rounds: reads of the device's results (one per round)
         self.done = True
 
     @classmethod
@@ -236,12 +271,12 @@ class SpeculativeDecoder:
         self.max_new_tokens, self.prompt_len = max_new_tokens, ids.shape[1]
         t0 = time.perf_counter()
         self.tcache, self.dcache, logits = prefill(self.target, None if self.self_speculative else self.draft, ids,
-                                                   self.layout, self.store_device)
+                                                   self.layout, self.store_device, self.prefill_chunk)
         room = self.prompt_len + max_new_tokens + self.k + 1  # the last round may start at prompt + max_new - 1
         if self._static is not None:
             self._static.prepare(self.dcache, room)
         if self._static_verify is not None:
-            self.tcache = StaticKV(self.tcache, room)
+            self.tcache = self._static_verify.cache(self.tcache, room)
         self._t_states = TargetStates(self.tcache)  # holds nothing unless the target has linear-attention layers
         first = sample(sampling_probs(logits, *self._sampling), logits, self.generator)
         self._sync()
@@ -258,9 +293,10 @@ class SpeculativeDecoder:
         self._since_draft = 0  # tokens emitted by plain target steps (k = 0) since the last drafting round
         self._recent: tuple[float, ...] = ()  # signals.recent_after
         self._drafted = self._accepted = 0  # draft tokens proposed and accepted so far
-        self._drift_floor = None  # the drift published right after the last scoring
+        self._drift_floor = None  # the drift published right after the last scoring (on the device until read)
         self.done = first == self.eos_token_id or max_new_tokens <= 1
-        self.state = self._state()
+        self._signals = self._cache_signals()
+        self._state = None
 
     def rounds(self, decide: Callable[[DecoderState], bool | tuple[bool, int]] | None = None
                ) -> Iterator[RoundRecord]:
@@ -281,11 +317,44 @@ class SpeculativeDecoder:
         if draft_length is not None and not (isinstance(draft_length, int) and 0 <= draft_length <= self.k):
             raise ValueError(f"a round's draft_length must be an integer in [0, {self.k}] (the decoder's "
                              f"draft_length), got {draft_length!r}")
-        before, clock = self.state, _Clock(self._sync)
+        generated, since = len(self.result.tokens), self.tokens_since_refresh
+        clock = _Clock(self._sync if self.phase_sync or not self.device_round else None)
         if refresh:
             self.dcache.refresh()
         clock.lap("refresh")
-        k = draft_count(self.k if draft_length is None else draft_length, before.generated, self.max_new_tokens)
+        k = draft_count(self.k if draft_length is None else draft_length, generated, self.max_new_tokens)
+        # The signals the decision read (the state published before this round), read back with the round's results.
+        signals = self._signals if isinstance(self._signals, tuple) else None
+        if self.device_round:
+            drafts, n, nxt, entropies, emitted_p, active, read = self._on_device(k, clock, signals is None)
+            signals = signals or read
+        else:
+            signals = signals or self._resolve_signals()
+            drafts, n, nxt, entropies, t_logits, active = self._on_host(k, clock)
+        replayed = self._roll_back(k, n, drafts, nxt)
+        clock.lap("rollback")
+        new = cut_at_eos(drafts[:n] + [nxt], self.eos_token_id)
+        at = self.prompt_len + len(self.result.tokens)
+        self._context[at:at + len(new)] = new
+        self._p += emitted_p[:len(new)] if self.device_round else self._emitted_p(t_logits, new)
+        self.result.tokens.extend(new)
+        self.done = new[-1] == self.eos_token_id or len(self.result.tokens) >= self.max_new_tokens
+        # The steps up to the first rejected draft: their context is the emitted text (later steps condition on
+        # the draft's own rejected tokens), so a replay table, which reads the emitted text, gives the same signal.
+        entropies = entropies[:n + 1]
+        runway, focus, drift = signals[:3]
+        record = RoundRecord(
+            position=generated, accepted=n, emitted=len(new), draft_length=k, refreshed=bool(refresh),
+            tokens_since_refresh=since, drift=drift, runway=runway,
+            focus=focus, entropy_mean=sum(entropies) / len(entropies) if entropies else 0.0,
+            entropy_max=max(entropies, default=0.0), **_kv_bytes(active),
+            state_checkpoint_bytes=self.dcache.checkpoint_bytes(), target_replayed=replayed, **clock.seconds)
+        self._publish(record)
+        return record
+
+    def _on_host(self, k: int, clock: _Clock):
+        """A round's draft, verify and acceptance with the host deciding each token: (drafts, accepted, next token,
+        entropies, the target's logits, the draft's active bytes)."""
         drafts, q_probs, entropies = self._draft(k)
         active = self.dcache.active_bytes_by_kind()
         clock.lap("draft")
@@ -293,25 +362,45 @@ class SpeculativeDecoder:
         t_logits = self._verify(self._t_pending + drafts)
         n, nxt = accept(drafts, q_probs, t_logits, self.generator, *self._sampling)
         clock.lap("verify")
-        replayed = self._roll_back(k, n, drafts, nxt)
-        clock.lap("rollback")
-        new = cut_at_eos(drafts[:n] + [nxt], self.eos_token_id)
-        at = self.prompt_len + len(self.result.tokens)
-        self._context[at:at + len(new)] = new
-        self._p += self._emitted_p(t_logits, new)
-        self.result.tokens.extend(new)
-        self.done = new[-1] == self.eos_token_id or len(self.result.tokens) >= self.max_new_tokens
-        # The steps up to the first rejected draft: their context is the emitted text (later steps condition on
-        # the draft's own rejected tokens), so a replay table, which reads the emitted text, gives the same signal.
-        entropies = entropies[:n + 1]
-        record = RoundRecord(
-            position=before.generated, accepted=n, emitted=len(new), draft_length=k, refreshed=bool(refresh),
-            tokens_since_refresh=before.tokens_since_refresh, drift=before.drift, runway=before.runway,
-            focus=before.focus, entropy_mean=sum(entropies) / len(entropies) if entropies else 0.0,
-            entropy_max=max(entropies, default=0.0), **_kv_bytes(active),
-            state_checkpoint_bytes=self.dcache.checkpoint_bytes(), target_replayed=replayed, **clock.seconds)
-        self._publish(record)
-        return record
+        return drafts, n, nxt, entropies, t_logits, active
+
+    def _on_device(self, k: int, clock: _Clock, signals: bool):
+        """A round's draft, verify and acceptance with every token kept on the device (both steps static): the draft
+        step draws each draft from uniforms drawn once, the acceptance test runs as tensor code (``rounds.
+        accept_on_device``), and the round's results come back in one read (``host_reads``), with the previous
+        state's cache signals when ``signals`` (none was read yet). (drafts, accepted, next token, entropies, the
+        target's probability of each token the round may emit, the draft's active bytes, the signals or None)."""
+        feed = self._d_pending
+        if k and len(feed) > 2:
+            feed = self._catch_up(feed)
+        if k:
+            drafts, q_probs, entropies = self._static.round(self.dcache, feed, k, self.generator)
+        else:
+            drafts = torch.zeros(0, dtype=torch.long, device=self.device)
+            q_probs, entropies = None, torch.zeros(0, device=self.device)
+        active = self.dcache.active_bytes_by_kind()
+        clock.lap("draft")
+        t_logits = self._static_verify.on_device(self.tcache, self._t_pending[0], drafts)
+        sampled = self.temperature > 0
+        u = torch.rand(k + 1, generator=self.generator, device=self.device, dtype=torch.float64) if sampled else None
+        n, nxt = accept_on_device(drafts, q_probs, t_logits, u, *self._sampling)
+        parts = [drafts.double(), n[None].double(), nxt[None].double(), entropies.double()]
+        if sampled:  # the target's probability of each token the round may emit: drafts[:n], then nxt
+            emit = torch.where(torch.arange(k + 1, device=self.device) < n, torch.cat([drafts, nxt[None]]), nxt)
+            parts.append(token_probs(t_logits, emit, *self._sampling).double())
+        if signals:
+            parts.append(self._signals.double())
+        values = torch.cat(parts).tolist()  # the round's one read of the device
+        self.host_reads += 1
+        clock.lap("verify")
+        drafts_list = [int(x) for x in values[:k]]
+        n, nxt = int(values[k]), int(values[k + 1])
+        entropies_list = values[k + 2:2 * k + 2]
+        emitted_p = values[2 * k + 2:3 * k + 3] if sampled else [1.0] * (k + 1)
+        read = tuple(values[-4:]) if signals else None
+        if read is not None:
+            self._signals = read
+        return drafts_list, n, nxt, entropies_list, emitted_p, active, read
 
     # --- a round's pieces --------------------------------------------------------------------------------------------
     def _draft(self, k: int) -> tuple[list[int], list, list[float]]:
@@ -342,6 +431,8 @@ class SpeculativeDecoder:
             forward(self.draft, self.dcache, feed[i:min(i + CATCH_UP_CHUNK, len(feed) - 1)], self.device,
                     observe=True)
             self.dcache.rollback(0)
+        for layer in self.dcache.rift_layers:  # it fed the positions that followed: the log stays consecutive
+            layer.log.end = layer.length
         return feed[-1:]
 
     def _emitted_p(self, t_logits: torch.Tensor, new: list[int]) -> list[float]:
@@ -384,25 +475,43 @@ class SpeculativeDecoder:
         self._recent = recent_after(self._recent, record.accepted, record.draft_length)
         self._drafted, self._accepted = self._drafted + record.draft_length, self._accepted + record.accepted
         # A plain target step feeds the draft nothing: its cache, hence its read-ahead and drift, are as they were.
-        self.state = self._state(reuse=not record.draft_length and not record.refreshed)
+        if record.draft_length or record.refreshed:
+            self._signals = self._cache_signals()
+        self._state = None
 
-    def _state(self, reuse: bool = False) -> DecoderState:
-        rounds = self.result.rounds
-        last = rounds[-1] if rounds else None
-        if reuse:
-            runway, focus, drift = self.state.runway, self.state.focus, self.state.drift
-        else:
-            runway, focus = self.dcache.read_ahead(RUNWAY_CAP)
-            drift = self.dcache.query_drift()
+    def _cache_signals(self) -> torch.Tensor:
+        """The signals read off the draft's cache (runway, focus, drift, the drift right after the last scoring), as
+        one tensor on the device: computed now, read back only when someone reads them (``state``, or the next
+        round's one read)."""
+        drift = self.dcache.query_drift_tensor().reshape(1).float()
         if self._drift_floor is None:  # the first state after a scoring (the prefill's, or a refreshing round's)
             self._drift_floor = drift
+        return torch.cat([self.dcache.read_ahead_tensor(RUNWAY_CAP).float(), drift, self._drift_floor])
+
+    def _resolve_signals(self) -> tuple[float, ...]:
+        if not isinstance(self._signals, tuple):
+            self._signals = tuple(self._signals.tolist())
+        return self._signals
+
+    @property
+    def state(self) -> DecoderState:
+        """What a decision before the coming round may look at (``rift_ada.signals``). Built when first read after a
+        round: the cache's signals are then read back from the device (a decision that reads none costs no read)."""
+        if self._state is None:
+            self._state = self._build_state()
+        return self._state
+
+    def _build_state(self) -> DecoderState:
+        rounds = self.result.rounds
+        last = rounds[-1] if rounds else None
+        runway, focus, drift, floor = self._resolve_signals()
         return DecoderState(
             generated=len(self.result.tokens), max_new_tokens=self.max_new_tokens, rounds=len(rounds),
             tokens_since_refresh=self.tokens_since_refresh, drift=drift,
             acceptance=self._recent,
             entropy_mean=last.entropy_mean if last else 0.0, entropy_max=last.entropy_max if last else 0.0,
             vocab_size=self.draft.config.vocab_size, runway=runway, focus=focus, fresh=tuple(self._fresh),
-            drift_floor=self._drift_floor, prompt_tokens=self.prompt_len, since_draft=self._since_draft,
+            drift_floor=floor, prompt_tokens=self.prompt_len, since_draft=self._since_draft,
             drafted_total=self._drafted, accepted_total=self._accepted,
             target_p=target_p_mean(self._p, len(self.result.tokens)),
             match=suffix_match(self._context[:self.prompt_len + len(self.result.tokens)]))

@@ -155,15 +155,21 @@ CONFIGS = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", list(CONFIGS))
-def test_joint_distribution_of_sequences_matches_target(config):
+@pytest.mark.parametrize("config,step", [(c, "model") for c in CONFIGS]
+                         + [(c, "static") for c in ("rift-dyn-top_p=0.8", "full-T=0.7-top_p=0.85")])
+def test_joint_distribution_of_sequences_matches_target(config, step):
+    """``step="static"``: both static steps, so every round runs on the device (the draft step draws each draft,
+    ``rounds.accept_on_device`` the acceptance test): the same chi-square checks its rule, in the compressed setting
+    and in the one that rejects one uniform per round and an inverted temperature."""
     policy, temperature, top_p = CONFIGS[config]
     target, draft, prompt = models()
     dist, margin = sequence_distribution(target, prompt, NEW_TOKENS, temperature, top_p)
     assert abs(sum(dist.values()) - 1) < 1e-9
     assert margin > 1e-3, "a cumulative mass lies at top_p: rounding could move the cut; pick another prompt"
 
-    dec = SpeculativeDecoder(target, draft, policy.layout, draft_length=K, temperature=temperature, top_p=top_p)
+    dec = SpeculativeDecoder(target, draft, policy.layout, draft_length=K, temperature=temperature, top_p=top_p,
+                             draft_step=step, verify_step=step)
+    assert dec.device_round == (step == "static")
     counts = sample_sequences(dec, prompt, SAMPLES, policy.controller)
     impossible = {s: c for s, c in counts.items() if dist.get(s, 0.0) == 0.0}
     assert not impossible, f"sequences the target never samples (outside top-p): {impossible}"

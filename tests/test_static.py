@@ -5,7 +5,9 @@ distribution; drafts it cannot run are refused in one line."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from unittest import mock
 
 import pytest
 import torch
@@ -38,11 +40,14 @@ def layout():
     return make_policy("rift-dyn", BUDGET, period=8, obs_window=8).layout
 
 
-@pytest.mark.parametrize("key", ["llama", "qwen3", "mistral"])
-def test_static_step_computes_the_drafts_own_forward(key):
+@pytest.mark.parametrize("key,attention", [("llama", "sdpa"), ("qwen3", "sdpa"), ("mistral", "sdpa"),
+                                           ("qwen3", "matmul")])
+def test_static_step_computes_the_drafts_own_forward(key, attention, monkeypatch):
     """Token by token over 40 steps, with a rollback and a refresh every 5: the static step's logits equal the
     model's forward over the same RIFT cache to 1e-5, and both caches hold the same entries, positions and
-    observation queries (Qwen3: its per-head q/k norms; Mistral and Llama: grouped-query attention)."""
+    observation queries (Qwen3: its per-head q/k norms; Mistral and Llama: grouped-query attention; ``matmul``: the
+    attention the steps run on CUDA)."""
+    monkeypatch.setattr("rift_ada.static.ATTENTION", attention)
     m = model(key)
     ours, theirs = (SpeculativeDecoder(m, None, layout(), draft_length=4, draft_step=s) for s in ("static", "model"))
     ids = prompt()
@@ -92,61 +97,103 @@ def test_static_verify_computes_the_targets_own_forward(key):
             torch.testing.assert_close(ours.tcache.values[i][:, :, :length], layer.values, atol=1e-5, rtol=1e-5)
 
 
-def test_every_step_has_the_same_shapes_and_addresses():
+def test_every_step_reads_and_writes_the_same_static_buffers():
     """What CUDA-graph replay needs, checked on CPU: over two prompts of different lengths, with refreshes and
-    rejections, every draft step's inputs have the same shapes and dtypes (every verify's within a prompt), and
-    within a prompt the cache buffers they write keep their addresses (a refresh rewrites them in place)."""
+    rejections, every draft step is called with the very same tensors (shapes, dtypes and addresses: one set of
+    buffers at every length and every refresh), every verify with the same ones within a prompt, and each of them is
+    a static graph input (``mark_static_address``): the only kind a graph may write in place and still be replayed."""
     m = random_model("llama", vocab=128, layers=2, hidden=64, heads=4, kv_heads=2, init=0.2)
     draft = random_model("llama", vocab=128, layers=2, hidden=64, heads=4, kv_heads=2, seed=3, init=0.2)
     dec = SpeculativeDecoder(m, draft, layout(), draft_length=4, draft_step="static", verify_step="static")
-    shapes, addresses = {"draft": set(), "verify": set()}, {"draft": [], "verify": []}
+    calls = {"draft": [], "verify": []}
 
-    def recording(step, inputs):
+    def recording(step, fn):
         def record(*args):
-            out = inputs(*args)
-            flat = list(out[:4]) + list(out[4]) + list(out[5])
-            shapes[step].add(tuple((tuple(t.shape), t.dtype) for t in flat))
-            addresses[step][-1].add(tuple(t.data_ptr() for t in list(out[4]) + list(out[5])))
-            return out
+            calls[step][-1].add(tuple((tuple(t.shape), t.dtype, t.data_ptr()) for t in args))
+            assert all(getattr(t, "_dynamo_static_input_type", None) for t in args), "an input is not static"
+            return fn(*args)
         return record
 
-    dec._static.inputs = recording("draft", dec._static.inputs)
-    dec._static_verify.inputs = recording("verify", dec._static_verify.inputs)
+    dec._static.fn = recording("draft", dec._static.fn)
+    dec._static_verify.fn = recording("verify", dec._static_verify.fn)
     # Padded to its block as when compiled (eager, a shorter round verifies just its tokens: cheaper, and the
     # joint controller's k = 0 rounds are plain steps).
     dec._static_verify.pad = True
     refreshes, rejected = 0, 0
     for n in (PROMPT, 2 * PROMPT):
-        for step in addresses:
-            addresses[step].append(set())
+        for step in calls:
+            calls[step].append(set())
         out = decode(dec, prompt(n, seed=n), 60, PeriodicController(3))
         refreshes += out.refreshes
         rejected += sum(r.accepted < r.draft_length for r in out.rounds)
         assert out.tokens == greedy_reference(m, prompt(n, seed=n), 60)
     assert refreshes >= 8 and rejected >= 3, "the runs refresh and reject"
-    # The draft step: one shape at both lengths. The verify: one per prompt (its static cache holds the prompt).
-    assert len(shapes["draft"]) == 1 and len(shapes["verify"]) == 2, shapes
-    assert all(len(a) == 1 for step in addresses for a in addresses[step]), "a step wrote to a reallocated buffer"
+    # The draft step: one set of buffers at both lengths. The verify: one per prompt (its cache holds the prompt).
+    assert len(calls["draft"][0] | calls["draft"][1]) == 1, calls["draft"]
+    assert [len(c) for c in calls["verify"]] == [1, 1] and calls["verify"][0] != calls["verify"][1]
+
+
+@contextlib.contextmanager
+def cudagraph_verdicts():
+    """Inductor's own verdict on each graph it compiles meanwhile, as it decides it on CUDA: the message with which it
+    would skip CUDA graphs for writing to graph inputs in place ("mutated inputs"), or None. Inductor runs that check
+    only for CUDA graphs, so on CPU it is run here on the same data (the graph's mutated and static inputs), with
+    inductor's graph cache off (a cached graph is loaded, not built, and would not be seen)."""
+    from torch._inductor import config, output_code
+    from torch._inductor.cudagraph_utils import check_for_mutation_ignore_cuda_graph_managed_tensor as check
+
+    verdicts = []
+    init = output_code.CompiledFxGraph.__init__
+
+    def recording(self, current_callable, graph, gm, *args, **kwargs):
+        init(self, current_callable, graph, gm, *args, **kwargs)
+        static = kwargs["static_input_idxs"] if "static_input_idxs" in kwargs else args[6]
+        verdicts.append(check(gm, graph.mutated_inputs, graph.mutated_input_idxs, static))
+
+    with config.patch(fx_graph_cache=False), mock.patch.object(output_code.CompiledFxGraph, "__init__", recording):
+        yield verdicts
+
+
+def test_the_cudagraph_verdict_sees_an_input_written_in_place():
+    """The check above can fail: a graph that writes into an unmarked input is skipped, a marked one is not."""
+    from rift_ada.static import static_buffer
+
+    def write(buf, x):
+        buf.index_copy_(0, torch.tensor([1]), x)
+        return buf.sum()
+
+    torch._dynamo.reset()
+    with cudagraph_verdicts() as verdicts:
+        for buf in (torch.zeros(3), static_buffer((3,), torch.float32, "cpu")):
+            torch._dynamo.reset()  # a graph of its own for each
+            torch.compile(write, fullgraph=True)(buf, torch.ones(1))
+    assert len(verdicts) == 2 and "mutated inputs" in verdicts[0] and verdicts[1] is None
 
 
 @pytest.mark.slow
 def test_compiled_rift_dyn_is_lossless_with_one_graph_at_every_length():
     """The shipped pair, rift-dyn (budget 256, a refresh once 8 tokens passed), the draft step and the verify
-    compiled: greedy output equals the target's own greedy ``generate`` at two prompt lengths, and dynamo compiles
-    one graph for the draft step and one per length for the verify (fullgraph: a graph break would raise)."""
+    compiled: greedy output equals the target's own greedy ``generate`` at two prompt lengths, dynamo compiles one
+    graph for the draft step and one for the verify at both (fullgraph: a graph break would raise), each round
+    reads the device once, and inductor would replay every graph as a CUDA graph (no input written in place that is
+    not a static input: the H200's "skipping cudagraphs due to mutated inputs")."""
     pair = cached_testbed_pair("testbed")
     torch._dynamo.reset()
     graphs = counters["stats"]["unique_graphs"]
     dec = SpeculativeDecoder.for_pair(pair, CacheLayout("rift", 256),
                                       Decoding(11, draft_step="compiled", verify_step="compiled"))
     eos = pair.tokenizer.eos_token_id
-    for n in (600, 1100):
-        ids = encode(pair.tokenizer, build_tasks(pair.tokenizer, "low", n=1, input_tokens=n, seed=1)[0].prompt)
-        out = decode(dec, ids, 64, PeriodicController(8))
-        assert out.refreshes >= 3
-        assert out.tokens == greedy_reference(pair.target, ids, 64, eos)
-    # The draft step's one graph, and the verify's per prompt length (the target's static cache holds the prompt).
-    assert counters["stats"]["unique_graphs"] - graphs == 3
+    with cudagraph_verdicts() as verdicts:
+        for n in (600, 1100):
+            ids = encode(pair.tokenizer, build_tasks(pair.tokenizer, "low", n=1, input_tokens=n, seed=1)[0].prompt)
+            reads = dec.host_reads
+            out = decode(dec, ids, 64, PeriodicController(8))
+            assert out.refreshes >= 3 and dec.host_reads - reads == len(out.rounds)
+            assert out.tokens == greedy_reference(pair.target, ids, 64, eos)
+    # The draft step's one graph and the verify's one: its cache's slot axis (the prompt's length) is a size the graph
+    # takes.
+    assert counters["stats"]["unique_graphs"] - graphs == 2
+    assert verdicts == [None] * 2, verdicts
 
 
 @pytest.mark.slow
@@ -175,8 +222,9 @@ def test_what_the_static_step_cannot_run_is_refused_in_one_line():
 @pytest.mark.parametrize("tokens", [1, 3])
 def test_grouped_attention_equals_sdpa_gqa(tokens):
     """The query heads folded into their KV head's rows give SDPA's own grouped-query attention, head for head, under
-    a causal mask over a buffer longer than the context (the static verify's case) and without grouping."""
-    from rift_ada.static import grouped_attention
+    a causal mask over a buffer longer than the context (the static verify's case) and without grouping; so do the
+    two matmuls and softmax of ``decode_attention`` (the steps' attention on CUDA)."""
+    from rift_ada.static import decode_attention, grouped_attention
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 6, tokens, 16, generator=g)
@@ -184,6 +232,7 @@ def test_grouped_attention_equals_sdpa_gqa(tokens):
     pos = torch.arange(30, 30 + tokens)
     mask = (torch.arange(40)[None] <= pos[:, None])[None, None]
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
-    torch.testing.assert_close(grouped_attention(q, k, v, mask, 0.3), want)
     k6, v6 = k.repeat_interleave(3, 1), v.repeat_interleave(3, 1)
-    torch.testing.assert_close(grouped_attention(q, k6, v6, mask, 0.3), want)
+    for attend in (grouped_attention, decode_attention):
+        torch.testing.assert_close(attend(q, k, v, mask, 0.3), want)
+        torch.testing.assert_close(attend(q, k6, v6, mask, 0.3), want)

@@ -180,8 +180,6 @@ def measure_round_costs(decoder, prompts: dict[int, list[int]], draft_lengths=(0
     medians of a few rounds jitter by more than a block's difference on a busy CPU: the running maximum over widths
     is kept). Then the catch-up: for each count m in ``missed``, m plain steps and a round drafting one token, three
     times; the draft's seconds beyond one draft token (the median) is what reading m missed tokens costs."""
-    from tqdm.auto import tqdm
-
     from ..costs import check_refreshable
 
     check_refreshable(decoder.layout)
@@ -192,6 +190,17 @@ def measure_round_costs(decoder, prompts: dict[int, list[int]], draft_lengths=(0
     np.random.default_rng(seed).shuffle(order)
     missed = sorted(set(int(m) for m in missed))
     need = sum(k + 1 for k in order) + max(ks) + 2 + 3 * sum(m + 4 for m in missed)
+    # Phase times need the device finished at each phase's end (a device round otherwise reads it once, at its end).
+    phase_sync, decoder.phase_sync = decoder.phase_sync, True
+    try:
+        return _measure(decoder, prompts, ks, order, missed, need, progress)
+    finally:
+        decoder.phase_sync = phase_sync
+
+
+def _measure(decoder, prompts, ks, order, missed, need, progress) -> RoundCosts:
+    from tqdm.auto import tqdm
+
     lengths, verify, draft, refresh, catch_up = sorted(prompts), [], [], [], []
     for length in tqdm(lengths, desc="round costs", disable=not progress):
         decoder.reset(prompts[length], need)

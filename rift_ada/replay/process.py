@@ -108,7 +108,7 @@ class Replay:
 
     @property
     def state(self) -> DecoderState:
-        """The ``DecoderState`` the decoder publishes at this point (``SpeculativeDecoder._state``)."""
+        """The ``DecoderState`` the decoder publishes at this point (``SpeculativeDecoder.state``)."""
         t = self.table
         if self.length == self.P:  # the draft cache holds the prompt alone (no round yet, or plain steps only)
             init = t.header["initial"]

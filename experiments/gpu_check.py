@@ -234,14 +234,14 @@ def prefill_draft(model, ids: torch.Tensor, layout, prefill: str):
     """The draft's cache of ``ids`` under ``layout``: through the model in chunks, or (``random``) random keys,
     values and observation queries in its place, compressed as a prefill's would be."""
     from rift_ada.cache import RiftCache
-    from rift_ada.speculative import PREFILL_CHUNK, _chunked
+    from rift_ada.speculative import PREFILL_CHUNK, chunked_forward
 
     cache = RiftCache.for_config(model.config, layout)
     n = ids.shape[1]
     with torch.inference_mode():
         if prefill == "model":
             chunk = PREFILL_CHUNK if ids.device.type == "cuda" else 0
-            _chunked(model, ids, torch.arange(n, device=ids.device)[None], chunk, cache=cache, rift_observer=cache)
+            chunked_forward(model, ids, torch.arange(n, device=ids.device)[None], chunk, cache=cache, rift_observer=cache)
         else:
             cache.load_from(RandomKV(model, n, ids.device))
             c, w = model.config, min(layout.obs_window, n)
@@ -313,14 +313,14 @@ def time_target(target, verify, plain, ids: torch.Tensor, args, peak: float) -> 
     """The target's verify of k + 1 tokens and its plain step over a cache of ``ids``, each rolled back after."""
     from transformers import DynamicCache
 
-    from rift_ada.speculative import PREFILL_CHUNK, _chunked
+    from rift_ada.speculative import PREFILL_CHUNK, chunked_forward
 
     n, k = ids.shape[1], args.draft_length
     t0 = time.perf_counter()
     with torch.inference_mode():
         if args.prefill == "model":
             prefilled = DynamicCache(config=target.config)
-            _chunked(target, ids, torch.arange(n, device=ids.device)[None], PREFILL_CHUNK if ids.device.type == "cuda"
+            chunked_forward(target, ids, torch.arange(n, device=ids.device)[None], PREFILL_CHUNK if ids.device.type == "cuda"
                      else 0, cache=prefilled)
         else:
             prefilled = RandomKV(target, n, ids.device)

@@ -163,7 +163,7 @@ def prefill_chunk_for(chunk, device) -> int:
     return chunk
 
 
-def _chunked(model, ids: torch.Tensor, pos: torch.Tensor, chunk: int, **kwargs):
+def chunked_forward(model, ids: torch.Tensor, pos: torch.Tensor, chunk: int, **kwargs):
     """The model's logits at the last token of ``ids``, fed ``chunk`` tokens per forward over the cache in kwargs."""
     step = chunk or ids.shape[1]
     for s in range(0, ids.shape[1], step):
@@ -180,11 +180,11 @@ def prefill(target, draft, ids: torch.Tensor, layout: CacheLayout, store_device=
     dcache = RiftCache.for_config((target if draft is None else draft).config, layout, store_device)
     if draft is None:
         # One prefill serves both caches: same model, same tokens; the draft cache copies the keys, values and states.
-        logits = _chunked(target, ids, pos, chunk, cache=tcache, rift_observer=dcache)
+        logits = chunked_forward(target, ids, pos, chunk, cache=tcache, rift_observer=dcache)
         dcache.load_from(tcache)
     else:
-        logits = _chunked(target, ids, pos, chunk, cache=tcache)
-        _chunked(draft, ids, pos, chunk, cache=dcache, rift_observer=dcache)
+        logits = chunked_forward(target, ids, pos, chunk, cache=tcache)
+        chunked_forward(draft, ids, pos, chunk, cache=dcache, rift_observer=dcache)
     # From now on sliding layers of the target keep every token fed since the last crop, so a rejection can be
     # rolled back once their window is full (each round's crop trims them back to the window); so do the conv
     # states of linear-attention layers. Activated after the prefill, which would otherwise record the whole

@@ -48,7 +48,7 @@ NO_WINDOW = 1 << 40  # the window of a cache whose tail is never evicted: every 
 ATTENTION: str | None = None
 
 
-def _inner(model):
+def decoder_stack(model):
     """(decoder stack, lm_head) of a CausalLM, through a peft wrapper if there is one."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return base.model, base.lm_head
@@ -141,7 +141,7 @@ class _StaticForward:
 
     def __init__(self, model, step, compile: bool = False):
         self.model = model
-        self.inner, self.lm_head = _inner(model)
+        self.inner, self.lm_head = decoder_stack(model)
         self.compiled = compile
         self.attend = decode_attention if attention_for(model.device) == "matmul" else grouped_attention
         fn = step

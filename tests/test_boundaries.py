@@ -82,6 +82,18 @@ def test_no_import_circles_in_the_core(tmp_path):
     assert import_cycles(tmp_path / "rift_ada", tmp_path) == [["rift_ada.data.corpus", "rift_ada.data.sources", "rift_ada.data.tasks"]]
 
 
+def test_no_private_name_is_imported_across_modules():
+    """A name with a leading underscore is its module's own: another module that needs it gets a public one."""
+    offenders = []
+    for folder in ("rift_ada", "envs", "controllers", "trainers", "testbed", "experiments"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom):
+                    offenders += [f"{path.relative_to(ROOT)}: {a.name} from {node.module}" for a in node.names
+                                  if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not offenders, offenders
+
+
 def test_core_never_imports_the_layers_above():
     offenders = {}
     for path in (ROOT / "rift_ada").rglob("*.py"):

@@ -31,7 +31,7 @@ from ..layout import CacheLayout
 from ..rounds import entropy, sampling_probs
 from ..selection import observation_window, select_importance
 from ..signals import RUNWAY_CAP
-from ..static import _inner, check_static
+from ..static import decoder_stack, check_static
 
 
 @dataclass
@@ -102,7 +102,7 @@ class RowPass:
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, block: int = 128):
         check_static(draft)  # Llama-family, every layer full attention, SDPA: the plain tensor code below
         self.draft, self.ids, self.P, self.layout, self.dense = draft, ids, prompt_len, layout, dense
-        self.inner, lm_head = _inner(draft)
+        self.inner, lm_head = decoder_stack(draft)
         self.lm_head = _Linear(lm_head)
         cfg = draft.config
         g = cfg.num_attention_heads // cfg.num_key_value_heads

@@ -5,13 +5,14 @@
 
 On one ``low`` prompt of ``--input-tokens`` (a code base the pair never saw, ``--source-dir``), it measures:
 - ``prefill_s``: the target's and the draft's prefill (transformers' dynamic cache, the logits of the last position);
-- ``step_ms``: one decode step after that prompt, the target's and the draft's with a full cache (``--steps`` plain
-  greedy steps on ``rift_ada.static``'s static cache, averaged);
+- ``step_ms``: one decode step after that prompt, the target's and the draft's with a full cache (the first
+  ``--steps`` plain greedy steps on ``rift_ada.static``'s static cache, averaged; the prefill is the one above);
 - ``rift``: speculative decoding of ``--steps`` tokens with the draft's cache held to ``--budget`` tokens (rift-stat:
   half selected prompt, half window), external draft, k = ``--draft-length``: the draft's milliseconds per draft step
   and the target's per verify of k + 1 tokens, as the decoder's per-round records time them;
-- ``greedy``: a plain greedy decode of ``--greedy-tokens`` tokens by the target after the prompt (0: skip), whose
-  tokens per second every speculative figure at this length is compared with.
+- ``greedy``: a plain greedy decode of ``--greedy-tokens`` tokens by the target after the prompt (0: skip; the
+  same steps continued), whose tokens per second every speculative figure at this length is compared with, and its
+  last step's milliseconds (the context then ``--greedy-tokens`` longer).
 
 Prints one JSON object (and writes it to ``--output``). Timings are wall-clock on whatever the machine is doing:
 run it alone (docs/measuring.md).
@@ -58,11 +59,31 @@ def main(argv=None) -> int:
 
 
 @torch.inference_mode()
-def measure(args) -> dict:
+def prefill_then_steps(model, ids: list[int], steps: int) -> tuple[float, list[float]]:
+    """(prefill seconds, each greedy step's seconds): the prompt through transformers' dynamic cache, then ``steps``
+    plain greedy steps on ``rift_ada.static``'s static cache (as ``rift_ada.bench.plain_decode``), one prefill for
+    both."""
     from transformers import DynamicCache
+
+    from rift_ada.static import StaticKV, StaticVerify
+
+    cache = DynamicCache(config=model.config)
+    t = time.perf_counter()
+    token = int(model(torch.tensor([ids], device=model.device), cache=cache, logits_to_keep=1).logits[0, -1].argmax())
+    prefill_s = time.perf_counter() - t
+    cache, step, times = StaticKV(cache, len(ids) + steps + 1), StaticVerify(model, 1), []
+    for _ in range(steps):
+        t = time.perf_counter()
+        token = int(step(cache, [token])[-1].argmax())
+        times.append(time.perf_counter() - t)
+    return prefill_s, times
+
+
+@torch.inference_mode()
+def measure(args) -> dict:
     from tqdm.auto import tqdm
 
-    from rift_ada.bench import draft_ms_per_step, plain_decode, verify_ms_per_round
+    from rift_ada.bench import draft_ms_per_step, verify_ms_per_round
     from rift_ada.data.tasks import build_tasks, encode
     from rift_ada.evaluate import decode
     from rift_ada.layout import CacheLayout
@@ -76,15 +97,18 @@ def measure(args) -> dict:
     ids = encode(pair.tokenizer, task.prompt)
     out = {"prompt_tokens": len(ids), "source_dir": args.source_dir, "threads": torch.get_num_threads(),
            "budget": args.budget, "draft_length": args.draft_length, "steps": args.steps}
-    bar = tqdm(total=5 if args.greedy_tokens else 4, desc="testbed costs", file=sys.stderr)
-    for role, model in (("target", pair.target), ("draft", pair.draft)):
-        t = time.perf_counter()
-        model(torch.tensor([ids], device=model.device), cache=DynamicCache(config=model.config), logits_to_keep=1)
-        out[f"{role}_prefill_s"] = round(time.perf_counter() - t, 2)
-        bar.update(1)
-    for role, model in (("target", pair.target), ("draft", pair.draft)):
-        _, seconds = plain_decode(model, ids, args.steps + 1, None)
-        out[f"{role}_step_ms"] = round(1e3 * seconds / args.steps, 2)
+    bar = tqdm(total=3, desc="testbed costs", file=sys.stderr)
+    # The target's first --steps greedy steps are its step cost; all --greedy-tokens of them, the long greedy decode.
+    for role, model, steps in (("target", pair.target, max(args.steps, args.greedy_tokens - 1)),
+                               ("draft", pair.draft, args.steps)):
+        prefill_s, times = prefill_then_steps(model, ids, steps)
+        out[f"{role}_prefill_s"] = round(prefill_s, 2)
+        out[f"{role}_step_ms"] = round(1e3 * sum(times[:args.steps]) / args.steps, 2)
+        if role == "target" and args.greedy_tokens:
+            n = args.greedy_tokens - 1  # the first token comes from the prefill
+            out["greedy"] = {"tokens": args.greedy_tokens, "seconds": round(sum(times[:n]), 1),
+                             "tokens_per_s": round(n / sum(times[:n]), 2) if n else None,
+                             "last_step_ms": round(1e3 * times[n - 1], 2) if n else None}
         bar.update(1)
     dec = SpeculativeDecoder(pair.target, pair.draft, CacheLayout("rift", budget=args.budget),
                              draft_length=args.draft_length)
@@ -93,11 +117,6 @@ def measure(args) -> dict:
                    "verify_ms": round(verify_ms_per_round([res]), 2), "rounds": len(res.rounds),
                    "acceptance_length": round(acceptance_length(res.rounds), 2)}
     bar.update(1)
-    if args.greedy_tokens:
-        tokens, seconds = plain_decode(pair.target, ids, args.greedy_tokens, None)
-        out["greedy"] = {"tokens": len(tokens), "seconds": round(seconds, 1),
-                         "tokens_per_s": round((len(tokens) - 1) / seconds, 2)}
-        bar.update(1)
     bar.close()
     return out
 

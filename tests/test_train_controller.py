@@ -163,7 +163,7 @@ def test_help_and_bad_values():
 
 
 
-def test_paper_preset_sets_the_paper_setting_and_the_testbed_refuses_it(tmp_path):
+def test_paper_preset_sets_the_paper_setting_and_the_testbed_refuses_beyond_its_context(tmp_path):
     from tests.conftest import script_module
 
     train_controller = script_module("train_controller")
@@ -175,7 +175,10 @@ def test_paper_preset_sets_the_paper_setting_and_the_testbed_refuses_it(tmp_path
     assert (cpu.input_tokens, cpu.max_new_tokens, cpu.temperature, cpu.drafter) == (1024, 1024, 1.0, "testbed")
     assert cpu.task == "low,sort,high" and cpu.budget == 256 and cpu.refresh_grid == 8
     assert cpu.ppo_timesteps >= 100_000 and len(cpu.train_sources.split(",")) >= 5 and cpu.source_dir == "pip"
-    res = subprocess.run([sys.executable, str(SCRIPT), "--preset", "paper", "--output-dir", str(tmp_path / "p")],
-                         capture_output=True, text=True, env=ENV, timeout=300)
+    # The paper's 32K + 4K fits the testbed's 40,960 positions (issue 52); a request past them is refused in one line
+    # before any work starts.
+    res = subprocess.run([sys.executable, str(SCRIPT), "--preset", "paper", "--input-tokens", "40000",
+                          "--output-dir", str(tmp_path / "p")], capture_output=True, text=True, env=ENV, timeout=300)
     assert res.returncode == 2 and "Traceback" not in res.stderr
-    assert res.stderr.strip().splitlines()[-1].startswith("error: --input-tokens + --max-new-tokens needs 36864")
+    assert res.stderr.strip().splitlines()[-1].startswith("error: --input-tokens + --max-new-tokens needs 44096")
+    assert "context is 40960 tokens" in res.stderr

@@ -1,0 +1,111 @@
+"""Where a testbed copy derails, and whether a copier setting changes it: a probe for one `low` prompt.
+
+    python experiments/copy_probe.py --source-dir setuptools --input-tokens 8192 --prompt 2 --keep 4500 5000 8192
+    python experiments/copy_probe.py ... --set sharpness=16 --set boost=20     # the copier composed with changes
+
+Builds the `low` prompts as ``python -m rift_ada.testbed check`` does (same seed, same order), takes prompt
+``--prompt``, and greedy-decodes ``--tokens`` tokens from the last ``--keep`` tokens of it (each value one row; the
+whole prompt when a value is its length or more), printing the index of the first token that differs from the
+reference (``--tokens`` when none does). Cutting the front of a prompt tells apart a distractor that lives in it from
+a copy that fails with the context's length. ``--set KEY=VALUE`` composes the role's copier in memory with those
+settings (``testbed.circuit.CopyCircuit`` fields) instead of loading the pinned pair; nothing is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import torch
+
+
+def parse(argv):
+    from rift_ada.cli import ArgumentParser, add_runtime_options
+
+    p = ArgumentParser(description=__doc__)
+    p.add_argument("--role", choices=("target", "draft"), default="target")
+    p.add_argument("--source-dir", default="setuptools", help="code base the prompts come from (default %(default)s)")
+    p.add_argument("--input-tokens", type=int, default=8192)
+    p.add_argument("--prompts", type=int, default=4, help="prompts built (as the check's --prompts)")
+    p.add_argument("--prompt", type=int, default=0, help="which of them to probe (0-based)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--keep", type=int, nargs="+", default=None, help="trailing token counts (default: whole prompt)")
+    p.add_argument("--tokens", type=int, default=16, help="greedy tokens per row (default %(default)s)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a copier setting to change")
+    add_runtime_options(p)
+    args = p.parse_args(argv)
+    if not 0 <= args.prompt < args.prompts:
+        p.error(f"--prompt must be in [0, {args.prompts})")
+    if args.tokens < 1 or args.input_tokens < 1 or any(k < 1 for k in args.keep or []):
+        p.error("--tokens, --input-tokens and --keep must be >= 1")
+    fields = {f.name: f.type for f in dataclasses.fields(_circuit_class())}
+    args.changes = {}
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        if not eq or key not in fields:
+            p.error(f"--set {item!r}: want KEY=VALUE with KEY one of {', '.join(sorted(fields))}")
+        try:
+            args.changes[key] = json.loads(value)
+        except json.JSONDecodeError:
+            p.error(f"--set {item!r}: VALUE must be a number, true/false or a JSON list")
+    return args
+
+
+def _circuit_class():
+    from rift_ada.testbed.circuit import CopyCircuit
+
+    return CopyCircuit
+
+
+def model_for(role: str, changes: dict):
+    """The composed ``role``: the pinned one, or composed in memory with ``changes`` to its copier."""
+    from rift_ada.models import load_model
+
+    if not changes:
+        return load_model(f"testbed-{role}")
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from rift_ada.testbed import composed
+    from rift_ada.testbed.circuit import compose, sort_labels
+
+    settings = composed.read_settings()
+    circuit = composed.circuit_of(settings, role)
+    tup = {k: tuple(tuple(w) for w in v) if k in ("windows", "far_windows") else tuple(v) if isinstance(v, list)
+           else v for k, v in changes.items()}
+    circuit = dataclasses.replace(circuit, **tup)
+    folder = composed.lm_folder(role)
+    lm = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    labels = sort_labels(AutoTokenizer.from_pretrained(folder)) if circuit.label_dim else None
+    with torch.no_grad():
+        return compose(lm, circuit, settings["calibration"], seed=settings["seed"], labels=labels).eval()
+
+
+def main(argv=None) -> int:
+    from rift_ada.cli import apply_runtime, fail
+    from rift_ada.data.tasks import build_tasks, encode
+    from rift_ada.models import greedy_reference, load_tokenizer
+
+    args = parse(argv)
+    try:
+        apply_runtime(args)
+        tok = load_tokenizer("testbed")
+        task = build_tasks(tok, "low", n=args.prompts, input_tokens=args.input_tokens, seed=args.seed,
+                           source_dir=args.source_dir)[args.prompt]
+        model = model_for(args.role, args.changes)
+    except (ValueError, FileNotFoundError, RuntimeError, TypeError) as e:
+        return fail(e)
+    prompt, ref = encode(tok, task.prompt), encode(tok, task.reference)
+    rows = []
+    for keep in args.keep or [len(prompt)]:
+        out = greedy_reference(model, prompt[-keep:], args.tokens)
+        wrong = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), min(args.tokens, len(ref)))
+        rows.append({"keep": min(keep, len(prompt)), "first_wrong": wrong, "generated": tok.decode(out)})
+        print(json.dumps(rows[-1]), flush=True)
+    print(json.dumps({"task_id": task.task_id, "prompt_tokens": len(prompt), "role": args.role,
+                      "changes": args.changes, "reference": tok.decode(ref[:args.tokens]), "rows": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -9,6 +9,9 @@ whole prompt when a value is its length or more), printing the index of the firs
 reference (``--tokens`` when none does). Cutting the front of a prompt tells apart a distractor that lives in it from
 a copy that fails with the context's length. ``--set KEY=VALUE`` composes the role's copier in memory with those
 settings (``testbed.circuit.CopyCircuit`` fields) instead of loading the pinned pair; nothing is written.
+``--explain`` adds, at each row's first wrong token, what the copier's match head (layer 1) saw there: its top keys
+(distance from the query, score, the dims that gave most of it) beside the best key that offered the right token, and
+the residual's RMS at layer 0 for the query and the median position (docs/testbed.md: the RMS falls with position).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def parse(argv):
     p.add_argument("--keep", type=int, nargs="+", default=None, help="trailing token counts (default: whole prompt)")
     p.add_argument("--tokens", type=int, default=16, help="greedy tokens per row (default %(default)s)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a copier setting to change")
+    p.add_argument("--explain", action="store_true", help="the match head's view at each first wrong token")
     add_runtime_options(p)
     args = p.parse_args(argv)
     if not 0 <= args.prompt < args.prompts:
@@ -81,6 +85,47 @@ def model_for(role: str, changes: dict):
         return compose(lm, circuit, settings["calibration"], seed=settings["seed"], labels=labels).eval()
 
 
+@torch.inference_mode()
+def explain(model, role: str, tok, ids: list[int], right: int, top: int = 3) -> dict:
+    """The match head's scores for the last query of ``ids``: it is the first circuit head of layer 1 (query head
+    ``nq``, key head ``nkv`` of the trained model's counts; testbed/circuit.py)."""
+    from transformers import AutoConfig
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from rift_ada.testbed.composed import lm_folder
+
+    trained = AutoConfig.from_pretrained(lm_folder(role))
+    qh, kh = trained.num_attention_heads, trained.num_key_value_heads
+    attn, seen = model.model.layers[1].self_attn, {}
+    hooks = [attn.register_forward_pre_hook(lambda m, a, kw: seen.update(kw), with_kwargs=True),
+             model.model.layers[0].post_attention_layernorm.register_forward_pre_hook(
+                 lambda m, a: seen.update(rms0=a[0][0].pow(2).mean(-1).sqrt()))]
+    try:
+        model(torch.tensor([ids]), logits_to_keep=1)
+    finally:
+        for h in hooks:
+            h.remove()
+    x, (cos, sin), hd = seen["hidden_states"][0], seen["position_embeddings"], attn.head_dim
+    q = attn.q_proj(x[-1:]).view(1, -1, hd)[:, qh][None, None]
+    k = attn.k_proj(x).view(len(ids), -1, hd)[:, kh][None, None]
+    q, _ = apply_rotary_pos_emb(q, q, cos[:, -1:], sin[:, -1:])
+    _, k = apply_rotary_pos_emb(k, k, cos, sin)
+    parts = q[0, 0, 0] * k[0, 0] * attn.scaling  # (keys, dims): each dim's share of each key's score
+    score = parts.sum(-1)
+
+    def key(j: int) -> dict:
+        dims = parts[j].abs().topk(3).indices.tolist()
+        return {"back": len(ids) - j, "score": round(score[j].item(), 1), "offers": tok.decode([ids[j]]),
+                "context": tok.decode(ids[max(0, j - 8):j + 1]), "dims": {d: round(parts[j, d].item(), 1) for d in dims}}
+
+    offers_right = torch.tensor(ids) == right
+    best_right = int(torch.where(offers_right, score, -torch.inf).argmax()) if offers_right.any() else None
+    rms = seen["rms0"]
+    return {"right": tok.decode([right]), "top": [key(j) for j in score.topk(top).indices.tolist()],
+            "best_right": key(best_right) if best_right is not None else None,
+            "rms_query": round(rms[-1].item(), 3), "rms_median": round(rms.median().item(), 3)}
+
+
 def main(argv=None) -> int:
     from rift_ada.cli import apply_runtime, fail
     from rift_ada.data.tasks import build_tasks, encode
@@ -101,6 +146,8 @@ def main(argv=None) -> int:
         out = greedy_reference(model, prompt[-keep:], args.tokens)
         wrong = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), min(args.tokens, len(ref)))
         rows.append({"keep": min(keep, len(prompt)), "first_wrong": wrong, "generated": tok.decode(out)})
+        if args.explain and wrong < min(args.tokens, len(ref)):
+            rows[-1]["match_head"] = explain(model, args.role, tok, prompt[-keep:] + ref[:wrong], ref[wrong])
         print(json.dumps(rows[-1]), flush=True)
     print(json.dumps({"task_id": task.task_id, "prompt_tokens": len(prompt), "role": args.role,
                       "changes": args.changes, "reference": tok.decode(ref[:args.tokens]), "rows": rows}))

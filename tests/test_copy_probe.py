@@ -17,10 +17,15 @@ def run(*extra):
 
 
 def test_the_pinned_pair_copies_the_whole_prompt_and_not_without_its_source():
-    out = run("--keep", "300", "100000")
+    out = run("--keep", "300", "100000", "--explain")
     short, whole = out["rows"]
     assert whole["keep"] == out["prompt_tokens"] and whole["first_wrong"] == 64  # the 1K copy is exact
+    assert "match_head" not in whole  # nothing went wrong, nothing to explain
     assert short["keep"] == 300 and short["first_wrong"] < 64  # the source is cut off: nothing to copy from
+    seen = short["match_head"]
+    assert len(seen["top"]) == 3 and all(1 <= k["back"] <= 300 for k in seen["top"])
+    assert seen["top"][0]["score"] >= seen["top"][1]["score"] >= seen["top"][2]["score"]
+    assert seen["rms_query"] > 0 and seen["rms_median"] > 0
 
 
 def test_a_copier_without_its_boost_stops_copying():

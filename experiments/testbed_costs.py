@@ -1,6 +1,6 @@
 """What the testbed pair costs at the paper's scale: prefill, one decode step, and a long plain greedy decode.
 
-    python experiments/testbed_costs.py                     # 32K prompt (pip, low), budget 8K; ~45 min on 2 cores
+    python experiments/testbed_costs.py                     # 32K prompt (pip, low), budget 8K; 24 min on 2 cores
     python experiments/testbed_costs.py --input-tokens 4096 --greedy-tokens 256 --steps 16    # a quick look
 
 On one ``low`` prompt of ``--input-tokens`` (a code base the pair never saw, ``--source-dir``), it measures:

@@ -43,7 +43,9 @@ def parse(argv):
         p.error(f"--prompt must be in [0, {args.prompts})")
     if args.tokens < 1 or args.input_tokens < 1 or any(k < 1 for k in args.keep or []):
         p.error("--tokens, --input-tokens and --keep must be >= 1")
-    fields = {f.name: f.type for f in dataclasses.fields(_circuit_class())}
+    from rift_ada.testbed.circuit import CopyCircuit
+
+    fields = {f.name for f in dataclasses.fields(CopyCircuit)}
     args.changes = {}
     for item in args.set:
         key, eq, value = item.partition("=")
@@ -56,33 +58,12 @@ def parse(argv):
     return args
 
 
-def _circuit_class():
-    from rift_ada.testbed.circuit import CopyCircuit
-
-    return CopyCircuit
-
-
 def model_for(role: str, changes: dict):
     """The composed ``role``: the pinned one, or composed in memory with ``changes`` to its copier."""
     from rift_ada.models import load_model
+    from rift_ada.testbed.composed import compose_role
 
-    if not changes:
-        return load_model(f"testbed-{role}")
-    from transformers import AutoTokenizer, LlamaForCausalLM
-
-    from rift_ada.testbed import composed
-    from rift_ada.testbed.circuit import compose, sort_labels
-
-    settings = composed.read_settings()
-    circuit = composed.circuit_of(settings, role)
-    tup = {k: tuple(tuple(w) for w in v) if k in ("windows", "far_windows") else tuple(v) if isinstance(v, list)
-           else v for k, v in changes.items()}
-    circuit = dataclasses.replace(circuit, **tup)
-    folder = composed.lm_folder(role)
-    lm = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    labels = sort_labels(AutoTokenizer.from_pretrained(folder)) if circuit.label_dim else None
-    with torch.no_grad():
-        return compose(lm, circuit, settings["calibration"], seed=settings["seed"], labels=labels).eval()
+    return compose_role(role, changes=changes) if changes else load_model(f"testbed-{role}")
 
 
 @torch.inference_mode()

@@ -73,9 +73,10 @@ def read_settings(assets: Path = ASSETS) -> dict:
     return json.loads(path.read_text())
 
 
-def circuit_of(settings: dict, role: str) -> CopyCircuit:
-    """The role's CopyCircuit from its JSON form (lists back to the dataclass's tuples)."""
-    raw = settings["circuits"][role]
+def circuit_of(settings: dict, role: str, changes: dict | None = None) -> CopyCircuit:
+    """The role's CopyCircuit from its JSON form (lists back to the dataclass's tuples), with ``changes`` (the same
+    JSON form) over the stored settings."""
+    raw = {**settings["circuits"][role], **(changes or {})}
     names = {f.name for f in fields(CopyCircuit)}
     if set(raw) - names:
         raise ValueError(f"{SETTINGS}: unknown circuit settings {sorted(set(raw) - names)} for the {role}")
@@ -106,14 +107,15 @@ def weights_sha256(model) -> str:
 
 
 @torch.no_grad()
-def compose_role(role: str, assets: Path = ASSETS):
-    """The composed ``role`` model (float32, CPU, eval mode), built from the stored trained model and settings."""
+def compose_role(role: str, assets: Path = ASSETS, changes: dict | None = None):
+    """The composed ``role`` model (float32, CPU, eval mode), built from the stored trained model and settings;
+    ``changes`` to the copier's settings give an unpinned variant (experiments/copy_probe.py)."""
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     settings = read_settings(assets)
     folder = lm_folder(role, assets)
     lm = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    circuit = circuit_of(settings, role)
+    circuit = circuit_of(settings, role, changes)
     labels = sort_labels(AutoTokenizer.from_pretrained(folder)) if circuit.label_dim else None
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # reductions split over threads round differently: one thread, the same bits always

@@ -11,7 +11,8 @@ a copy that fails with the context's length. ``--set KEY=VALUE`` composes the ro
 settings (``testbed.circuit.CopyCircuit`` fields) instead of loading the pinned pair; nothing is written.
 ``--explain`` adds, at each row's first wrong token, what the copier's match head (layer 1) saw there: its top keys
 (distance from the query, score, the dims that gave most of it) beside the best key that offered the right token, and
-the residual's RMS at layer 0 for the query and the median position (docs/testbed.md: the RMS falls with position).
+the residual's RMS entering trained layer 0's MLP for the query and the median position (docs/testbed.md: the RMS
+falls with position; the copier reads it only after the long-range fix's layer ahead).
 """
 
 from __future__ import annotations
@@ -67,9 +68,10 @@ def model_for(role: str, changes: dict):
 
 
 @torch.inference_mode()
-def explain(model, role: str, tok, ids: list[int], right: int, top: int = 3) -> dict:
+def explain(model, role: str, tok, ids: list[int], right: int, top: int = 3, lead: int = 0) -> dict:
     """The match head's scores for the last query of ``ids``: it is the first circuit head of layer 1 (query head
-    ``nq``, key head ``nkv`` of the trained model's counts; testbed/circuit.py)."""
+    ``nq``, key head ``nkv`` of the trained model's counts; testbed/circuit.py). ``lead``: the composite layers the
+    copier runs ahead of the trained ones (the RMS is read entering trained layer 0's MLP, composite layer ``lead``)."""
     from transformers import AutoConfig
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -79,7 +81,7 @@ def explain(model, role: str, tok, ids: list[int], right: int, top: int = 3) -> 
     qh, kh = trained.num_attention_heads, trained.num_key_value_heads
     attn, seen = model.model.layers[1].self_attn, {}
     hooks = [attn.register_forward_pre_hook(lambda m, a, kw: seen.update(kw), with_kwargs=True),
-             model.model.layers[0].post_attention_layernorm.register_forward_pre_hook(
+             model.model.layers[lead].post_attention_layernorm.register_forward_pre_hook(
                  lambda m, a: seen.update(rms0=a[0][0].pow(2).mean(-1).sqrt()))]
     try:
         model(torch.tensor([ids]), logits_to_keep=1)
@@ -111,6 +113,7 @@ def main(argv=None) -> int:
     from rift_ada.cli import apply_runtime, fail
     from rift_ada.data.tasks import build_tasks, encode
     from rift_ada.models import greedy_reference, load_tokenizer
+    from rift_ada.testbed.composed import circuit_of, read_settings
 
     args = parse(argv)
     try:
@@ -119,6 +122,7 @@ def main(argv=None) -> int:
         task = build_tasks(tok, "low", n=args.prompts, input_tokens=args.input_tokens, seed=args.seed,
                            source_dir=args.source_dir)[args.prompt]
         model = model_for(args.role, args.changes)
+        lead = circuit_of(read_settings(), args.role, args.changes).lead
     except (ValueError, FileNotFoundError, RuntimeError, TypeError) as e:
         return fail(e)
     prompt, ref = encode(tok, task.prompt), encode(tok, task.reference)
@@ -128,7 +132,8 @@ def main(argv=None) -> int:
         wrong = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), min(args.tokens, len(ref)))
         rows.append({"keep": min(keep, len(prompt)), "first_wrong": wrong, "generated": tok.decode(out)})
         if args.explain and wrong < min(args.tokens, len(ref)):
-            rows[-1]["match_head"] = explain(model, args.role, tok, prompt[-keep:] + ref[:wrong], ref[wrong])
+            rows[-1]["match_head"] = explain(model, args.role, tok, prompt[-keep:] + ref[:wrong], ref[wrong],
+                                             lead=lead)
         print(json.dumps(rows[-1]), flush=True)
     print(json.dumps({"task_id": task.task_id, "prompt_tokens": len(prompt), "role": args.role,
                       "changes": args.changes, "reference": tok.decode(ref[:args.tokens]), "rows": rows}))

@@ -9,8 +9,8 @@ context; this circuit is a disclosed stand-in for that. ``python experiments/cir
 
 What ``compose`` builds, from a trained Llama ``lm`` with tied embeddings (hidden h, head_dim d, nq / nkv heads):
 
-- a Llama of hidden ``h + C`` (untied) and head_dim ``2d``, with at least 3 layers (4 with ``label_dim``); its
-  first ``h`` residual dims and first ``nq`` heads *are* the trained model (weights copied, query/key dims of rotary
+- a Llama of hidden ``h + C`` (untied) and head_dim ``2d``, with at least 3 layers (4 with ``label_dim``; the
+  trained layers ``lead`` layers later); its first ``h`` residual dims and first ``nq`` heads *are* the trained model (weights copied, query/key dims of rotary
   pair f moved to pair f of the wider head, queries scaled by sqrt(2) for the wider head's 1/sqrt(head_dim)); with
   ``boost=0`` its logits equal ``lm``'s up to the circuit's share of each RMSNorm (tested);
 - rotary frequencies via ``longrope`` per-pair factors: pairs 0..d/2-1 turn exactly as in ``lm``; pairs d/2..d-1 do
@@ -59,6 +59,11 @@ is unknown and the trained model guesses), repeated lines inside a passage near 
 
 Each token's circuit entries in the embedding scale with the RMS of its trained embedding, so layer 0 reads them at
 exactly unit norm (the positional kernels need it); later reads vary with the trained residual's RMS (about 10%).
+That RMS falls with position beyond the 4.6K tokens the trained models saw, and every read with it, so past 8K a
+far gate flipped sign and a key-norm term swelled until the copy failed (docs/testbed.md). With ``lead`` (the shipped
+pair: 2) the circuit's first layers run ahead of the trained ones, on the embedding and a ballast column that tops
+every token's embedding up to one norm: the positional heads, the match head and the agreement read their columns at
+the scale they were written at, whatever the position and the token, and the last layer ahead removes the ballast.
 """
 
 from __future__ import annotations
@@ -111,6 +116,14 @@ class CopyCircuit:
     # the span is the same at position 40,959 as at 200 (tests/test_circuit.py), and a fit over 40,960 moved the
     # query windows' evenness enough to derail a 2K draft copy (docs/testbed.md).
     context: int = 0
+    # Composite layers the circuit runs ahead of the trained ones (trained layer i sits in composite layer i + lead).
+    # The circuit reads its columns through RMSNorms whose scale the trained residual sets; that residual's RMS falls
+    # with position beyond the 4.6K tokens the trained models saw, and there a far gate flipped sign and a key-norm
+    # term swelled (docs/testbed.md). Ahead of the trained layers the residual is the embedding, and a ballast column
+    # (BAL) tops every token's embedding up to one norm, so the layers ahead read their columns at exactly the scale
+    # they were written at, at any position and for any token; the last layer ahead removes the ballast before the
+    # trained layers read the residual. With lead 2 the match head and its agreement run there.
+    lead: int = 0
 
     @property
     def all_windows(self) -> tuple:
@@ -258,6 +271,9 @@ def _mean_rms(lm, calibration: list[list[int]]) -> tuple[list[float], list[float
 # RMSNorms should barely see the circuit. The match head's key reads it back at full scale.
 _NSQ_SHRINK = 4.0
 _SHUT = 100.0  # agreement units: far more than the agreement ever reaches
+# The ballast's norm over the largest trained embedding row's: the circuit's own columns are then ~0.1% of the RMS
+# the layers ahead read at, so their reads hardly move with what the circuit holds.
+_BALLAST = 4.0
 
 
 @dataclass(frozen=True)
@@ -289,6 +305,8 @@ class _Residual:
     SF: int | None = None
     SFC: int | None = None
     F_HASH: int | None = None
+    BAL: int | None = None  # the ballast (lead): tops each token's embedding up to one norm, removed before the
+    # trained layers
     FARH: int | None = None  # far gate (far_gate): 'age' tokens within the positional heads' offsets, the flag
     FAROFF: int | None = None  # (0 or ~1) that switches the far windows off, and their keys' squared norm
     NSQF: int | None = None
@@ -332,6 +350,9 @@ def _residual(h: int, circuit: CopyCircuit, n_offsets: int) -> _Residual:
     if circuit.far_gate:
         label.update(FARH=used, FAROFF=used + 1, NSQF=used + 2)
         used += 3
+    if circuit.lead:
+        label.update(BAL=used)
+        used += 1
     return _Residual(CONST=CONST, M=M, WIN=WIN, S=S, U=U, slot=slot, NSQ=NSQ, CBAR=CBAR, G=G, V=V, used=used,
                      k_src=slot[:ex + nw], q_src=(M,) + slot[:ex - 1] + slot[ex + nw:], **label)
 
@@ -357,6 +378,7 @@ class _Ctx:
     rms_in: tuple  # mean RMS of the trained residual entering each layer, each layer's MLP, and the final norm
     rms_mlp: tuple
     rms_final: float
+    ballast: float  # the norm the ballast tops every token's trained embedding up to (0 without lead)
 
     @property
     def hd(self) -> int:
@@ -396,6 +418,8 @@ def _check(cfg, circuit: CopyCircuit, labels: SortLabels | None) -> None:
     md, od, ex, nw = circuit.match_dim, circuit.out_dim, circuit.exact, len(circuit.all_windows)
     if ex < 1 or any(not 2 <= lo <= hi for lo, hi in circuit.all_windows):
         raise ValueError("exact must be >= 1 and each window (lo, hi) must have 2 <= lo <= hi")
+    if circuit.lead < 0:
+        raise ValueError("lead must be >= 0")
     if circuit.extra_head_dims < 0 or circuit.extra_head_dims % 2:
         raise ValueError("extra_head_dims must be even and >= 0")
     hd = 2 * d + circuit.extra_head_dims
@@ -445,7 +469,7 @@ def _wider_config(cfg, circuit: CopyCircuit, res: _Residual, ckv: int):
     # MLP neurons of the circuit per layer (window norms + header flags | agreement | gates | label carry)
     far = 3 + 2 * md * len(circuit.far_windows) if circuit.far_gate else 0  # the far gate's layer-0 neurons
     extra = max(nw * md + 1 + (8 if ld else 0) + far, circuit.slots() * md + 3, 2 * od + (2 * od + 4 * ld if ld else 0),
-                3 * ld + 2 * od)
+                3 * ld + 2 * od) + (1 if circuit.lead else 0)  # the last neuron removes the ballast
     hd = 2 * d + circuit.extra_head_dims
     context = circuit.context or cfg.max_position_embeddings
     # longrope turns pair g at 1 / (factor_g theta^(2g / hd)): factor_g = theta^(2g/d - 2g/hd) turns it as in lm
@@ -454,7 +478,7 @@ def _wider_config(cfg, circuit: CopyCircuit, res: _Residual, ckv: int):
         [FROZEN] * ((hd - d) // 2)
     return LlamaConfig(
         vocab_size=cfg.vocab_size, hidden_size=H, intermediate_size=cfg.intermediate_size + extra,
-        num_hidden_layers=max(cfg.num_hidden_layers, 4 if ld else 3), num_attention_heads=nq + cq,
+        num_hidden_layers=max(cfg.num_hidden_layers + circuit.lead, 4 if ld else 3), num_attention_heads=nq + cq,
         num_key_value_heads=nkv + ckv, head_dim=hd,
         max_position_embeddings=context, rms_norm_eps=cfg.rms_norm_eps,
         rope_parameters={"rope_type": "longrope", "rope_theta": theta, "short_factor": factors,
@@ -473,8 +497,13 @@ def _context(lm, model, circuit: CopyCircuit, res: _Residual, offsets: list, pos
     d = cfg.head_dim
     theta = cfg.rope_parameters["rope_theta"]
     rms_in, rms_mlp, rms_final = _mean_rms(lm, calibration)
-    # Layers added for the circuit pass the trained residual through unchanged.
-    added = model.config.num_hidden_layers - cfg.num_hidden_layers
+    # Layers added for the circuit pass the trained residual through unchanged: the ballasted embedding's RMS before
+    # the trained layers (its norm over the trained model's h dims), the final one after them.
+    lead = circuit.lead
+    added = model.config.num_hidden_layers - cfg.num_hidden_layers - lead
+    ballast = _BALLAST * lm.model.embed_tokens.weight.double().norm(dim=1).max().item() if lead else 0.0
+    ahead = ballast / math.sqrt(cfg.hidden_size)
+    rms_in, rms_mlp = [ahead] * lead + rms_in, [ahead] * lead + rms_mlp
     return _Ctx(model=model, circuit=circuit, res=res, h=cfg.hidden_size, d=d, nq=cfg.num_attention_heads,
                 nkv=cfg.num_key_value_heads, n_mlp=cfg.intermediate_size,
                 max_positions=circuit.context or cfg.max_position_embeddings,
@@ -483,7 +512,7 @@ def _context(lm, model, circuit: CopyCircuit, res: _Residual, offsets: list, pos
                 omegas=tuple(theta ** (-2 * f / d) for f in range(d // 2)),
                 offsets=tuple(offsets), pos_heads=tuple(pos_heads),
                 rms_in=tuple(rms_in + [rms_final] * added), rms_mlp=tuple(rms_mlp + [rms_final] * added),
-                rms_final=rms_final)
+                rms_final=rms_final, ballast=ballast)
 
 
 @torch.no_grad()
@@ -518,6 +547,8 @@ def compose(lm, circuit: CopyCircuit, calibration: list[list[int]], seed: int = 
         _label_order_lookup(ctx, n2)
         _label_carry(ctx)
     _unembedding(ctx, u_code, label_codes, labels)
+    if circuit.lead:
+        _remove_ballast(ctx)
     model.eval()
     return model
 
@@ -581,7 +612,7 @@ def _copy_trained(ctx: _Ctx, lm) -> None:
     emb_lm = lm.model.embed_tokens.weight
     model.model.embed_tokens.weight[:, :h] = emb_lm
     model.lm_head.weight[:, :h] = emb_lm
-    for src, dst in zip(lm.model.layers, model.model.layers):
+    for src, dst in zip(lm.model.layers, model.model.layers[ctx.circuit.lead:]):
         sa, da = src.self_attn, dst.self_attn
         for i in range(ctx.nq):
             da.q_proj.weight[ctx.rows(i, head_dims), :h] = sa.q_proj.weight[i * d:(i + 1) * d] * math.sqrt(hd / d)
@@ -617,9 +648,15 @@ def _token_codes(ctx: _Ctx, lm, calibration: list[list[int]], seed: int) -> tupl
     idf = torch.log((counts.sum() + 1) / (counts + 1).float())
     idf = idf / ((idf ** 2 * counts).sum() / counts.sum()).sqrt()
     # Each token's circuit entries scale with the RMS of its trained embedding, so layer 0 reads them back at
-    # exactly unit norm (the positional heads' rotary kernels need that precision).
-    tok_rms = lm.model.embed_tokens.weight.float().pow(2).mean(-1).sqrt()[:, None] / ctx.rms_in[0]
+    # exactly unit norm (the positional heads' rotary kernels need that precision). With the ballast every token's
+    # embedding has the same norm.
     emb = ctx.model.model.embed_tokens.weight
+    if ctx.circuit.lead:
+        tok_rms = torch.ones(vocab, 1)
+        trained = lm.model.embed_tokens.weight.double().pow(2).sum(1)
+        emb[:, r.BAL] = (ctx.ballast ** 2 - trained).clamp(min=0).sqrt().float()
+    else:
+        tok_rms = lm.model.embed_tokens.weight.float().pow(2).mean(-1).sqrt()[:, None] / ctx.rms_in[0]
     emb[:, r.CONST] = a * tok_rms[:, 0]
     emb[:, r.M:r.M + md] = a * tok_rms * m_code
     emb[:, r.WIN:r.WIN + md] = a * tok_rms * idf[:, None] * m_code
@@ -900,6 +937,19 @@ def _label_carry(ctx: _Ctx) -> None:
     for i in range(ld):
         n3 = _products(ctx, mlp3, [({r.HFA: 1.0}, {r.P2L + i: 1.0}), ({r.HFS: 1.0}, {r.P3L + i: 1.0})],
                        r.VL + i, a, start=n3)
+
+
+def _remove_ballast(ctx: _Ctx) -> None:
+    """The last layer ahead of the trained ones takes the ballast out of the residual (its MLP's last neuron:
+    -SiLU(K CONST) BAL / SiLU(K), CONST and BAL read at the scale they were stored at), so the trained layers' norms
+    see the trained embedding; what is left is the circuit's share of that layer's RMS times the ballast."""
+    r, K = ctx.res, ctx.circuit.gate_k
+    layer = ctx.model.model.layers[ctx.circuit.lead - 1]
+    n = layer.mlp.gate_proj.weight.shape[0] - 1
+    layer.post_attention_layernorm.weight[r.BAL] = ctx.rms_mlp[ctx.circuit.lead - 1] * ctx.shrink
+    layer.mlp.gate_proj.weight[n, r.CONST] = K
+    layer.mlp.up_proj.weight[n, r.BAL] = 1.0
+    layer.mlp.down_proj.weight[r.BAL, n] = -1.0 / torch.nn.functional.silu(torch.tensor(K)).item()
 
 
 def _unembedding(ctx: _Ctx, u_code: torch.Tensor, label_codes: torch.Tensor | None, labels: SortLabels | None) -> None:

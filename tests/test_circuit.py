@@ -52,6 +52,62 @@ def test_boost_zero_is_the_trained_model(lm, tmp_path):
 
 
 @torch.no_grad()
+def test_a_leading_circuit_reads_no_trained_layer(lm):
+    """With ``lead=2`` the copier's match head and agreement run ahead of the trained layers, on a ballasted
+    embedding: what it reads entering layer 1, and what the match head fetches there, do not depend on the trained
+    layers or on the scale of any token's trained embedding (they do with ``lead=0``). So a trained residual whose
+    scale drifts with position, as it does beyond the trained models' context, cannot move them. And the composite
+    is still the trained model at boost 0."""
+    import copy
+
+    from rift_ada.testbed.circuit import residual_columns
+
+    other = copy.deepcopy(lm)  # other trained layers, and other embedding scales (the largest row kept)
+    for layer in other.model.layers:
+        layer.self_attn.o_proj.weight.mul_(0.3)
+        layer.mlp.down_proj.weight.mul_(0.3)
+    emb = other.model.embed_tokens.weight
+    factor = 0.7 + 0.3 * torch.rand(emb.shape[0], 1, generator=torch.Generator().manual_seed(4))
+    factor[emb.norm(dim=1).argmax()] = 1.0
+    emb.mul_(factor)
+    ids = torch.randint(1, VOCAB, (1, 300), generator=torch.Generator().manual_seed(2))
+
+    def circuit_reads(trained, circuit):
+        """The circuit's columns in units of the norm its vectors are stored at (scale x the mean embedding row's)."""
+        model = compose(trained, circuit, _calibration())
+        a = circuit.scale * trained.model.embed_tokens.weight.norm(dim=1).mean()
+        h, seen = lm.config.hidden_size, {}
+        cols = residual_columns(lm, circuit)
+        keep = [c for c in range(h, model.config.hidden_size) if c != cols.BAL]
+        hooks = [model.model.layers[1].register_forward_pre_hook(lambda m, x: seen.__setitem__("in", x[0][0][:, keep] / a)),
+                 model.model.layers[1].post_attention_layernorm.register_forward_pre_hook(
+                     lambda m, x: seen.__setitem__("fetched", x[0][0, :, cols.U:cols.U + circuit.out_dim] / a))]
+        try:
+            model(ids)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return seen
+
+    for lead in (0, 2):
+        circuit = CopyCircuit(**SPEC, lead=lead)
+        a, b = (circuit_reads(m, circuit) for m in (lm, other))
+        # Not bit for bit: the circuit's own share of the ballasted RMS differs with the norm it is stored at.
+        same = all(torch.allclose(a[k], b[k], rtol=0.01, atol=0.01) for k in a)
+        assert same == (lead == 2), lead
+    for lead in (1, 2):  # the trained layers now see the whole circuit, whose share of their norms grows as
+        # scale^2: at the default 0.05 this random model's logits move by 11% of their range (its circuit is large
+        # beside its small embedding); the shipped pair's effect is measured by its check
+        model = compose(lm, CopyCircuit(**SPEC, boost=0.0, lead=lead, scale=0.02), _calibration())
+        assert model.config.num_hidden_layers == max(3, 2 + lead)
+        ref, got = lm(ids).logits, model(ids).logits
+        assert (ref.argmax(-1) == got.argmax(-1)).float().mean() > 0.99
+        assert (ref - got).abs().max() < 0.05 * ref.abs().max()
+    with pytest.raises(ValueError, match="lead"):
+        compose(lm, CopyCircuit(**SPEC, lead=-1), _calibration())
+
+
+@torch.no_grad()
 def test_the_circuit_copies_a_far_repeat(lm):
     """Teacher-forced: on random tokens (no language to lean on) the circuit finds the passage ~600 tokens back."""
     model = compose(lm, CopyCircuit(**SPEC, boost=8.0), _calibration())

@@ -67,6 +67,26 @@ def test_check_scores_the_draft_it_is_given(tokenizer, testbed_target, testbed_d
     assert res["random"]["draft_copy_accuracy"] < 0.2 < target_acc
 
 
+def test_check_greedy_steps_are_the_models_own(tokenizer, testbed_target):
+    """decode_once's greedy tokens are greedy_reference's (transformers' own decoding), whether they run on
+    rift_ada's static steps (the testbed target) or, for a model those cannot run (eager attention), on the model's
+    own cache."""
+    from rift_ada.static import check_static
+    from rift_ada.testbed.check import decode_once
+
+    task = build_tasks(tokenizer, "low", n=1, input_tokens=512, seed=5)[0]
+    prompt, ref = encode(tokenizer, task.prompt), encode(tokenizer, task.reference)
+    eager = random_model(vocab=testbed_target.config.vocab_size, seed=1)
+    eager.config._attn_implementation = "eager"
+    with pytest.raises(ValueError):
+        check_static(eager, "target")
+    check_static(testbed_target, "target")
+    for model in (testbed_target, eager):
+        got = decode_once(model, prompt, ref, 32)
+        assert got.greedy == greedy_reference(model, prompt, 32)
+        assert got.prefill_s > 0 and got.step_s > 0
+
+
 def test_check_cli_takes_several_lengths(tokenizer, testbed_target, testbed_draft):
     """--input-tokens 512 1024: one result per length, each run_check's on that length's prompts; the short-context
     families and code windows at the first length only."""

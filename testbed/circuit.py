@@ -10,8 +10,9 @@ context; this circuit is a disclosed stand-in for that. ``python experiments/cir
 What ``compose`` builds, from a trained Llama ``lm`` with tied embeddings (hidden h, head_dim d, nq / nkv heads):
 
 - a Llama of hidden ``h + C`` (untied) and head_dim ``2d``, with at least 3 layers (4 with ``label_dim``; the
-  trained layers ``lead`` layers later); its first ``h`` residual dims and first ``nq`` heads *are* the trained model (weights copied, query/key dims of rotary
-  pair f moved to pair f of the wider head, queries scaled by sqrt(2) for the wider head's 1/sqrt(head_dim)); with
+  trained layers ``lead`` layers later); its first ``h`` residual dims and first ``nq`` heads *are* the trained
+  model (weights copied, query/key dims of rotary pair f moved to pair f of the wider head, queries scaled by
+  sqrt(2) for the wider head's 1/sqrt(head_dim)); with
   ``boost=0`` its logits equal ``lm``'s up to the circuit's share of each RMSNorm (tested);
 - rotary frequencies via ``longrope`` per-pair factors: pairs 0..d/2-1 turn exactly as in ``lm``; pairs d/2..d-1 do
   not turn, so the match head compares content at any distance;
@@ -60,10 +61,11 @@ is unknown and the trained model guesses), repeated lines inside a passage near 
 Each token's circuit entries in the embedding scale with the RMS of its trained embedding, so layer 0 reads them at
 exactly unit norm (the positional kernels need it); later reads vary with the trained residual's RMS (about 10%).
 That RMS falls with position beyond the 4.6K tokens the trained models saw, and every read with it, so past 8K a
-far gate flipped sign and a key-norm term swelled until the copy failed (docs/testbed.md). With ``lead`` (the shipped
-pair: 2) the circuit's first layers run ahead of the trained ones, on the embedding and a ballast column that tops
-every token's embedding up to one norm: the positional heads, the match head and the agreement read their columns at
-the scale they were written at, whatever the position and the token, and the last layer ahead removes the ballast.
+far gate flipped sign and a key-norm term swelled until the copy failed (docs/testbed.md). With ``lead`` (the fix:
+2, not shipped yet) the circuit's first layers run ahead of the trained ones, on the embedding and a ballast column
+that tops every token's embedding up to one norm: the positional heads, the match head and the agreement read their
+columns at the scale they were written at, whatever the position and the token, and the last layer ahead removes
+the ballast.
 """
 
 from __future__ import annotations
@@ -271,8 +273,8 @@ def _mean_rms(lm, calibration: list[list[int]]) -> tuple[list[float], list[float
 # RMSNorms should barely see the circuit. The match head's key reads it back at full scale.
 _NSQ_SHRINK = 4.0
 _SHUT = 100.0  # agreement units: far more than the agreement ever reaches
-# The ballast's norm over the largest trained embedding row's: the circuit's own columns are then ~0.1% of the RMS
-# the layers ahead read at, so their reads hardly move with what the circuit holds.
+# The ballast's norm over the largest trained embedding row's: the circuit's own columns are then a small fraction of
+# a percent of the RMS the layers ahead read at, so their reads hardly move with what the circuit holds.
 _BALLAST = 4.0
 
 

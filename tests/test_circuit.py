@@ -79,7 +79,8 @@ def test_a_leading_circuit_reads_no_trained_layer(lm):
         h, seen = lm.config.hidden_size, {}
         cols = residual_columns(lm, circuit)
         keep = [c for c in range(h, model.config.hidden_size) if c != cols.BAL]
-        hooks = [model.model.layers[1].register_forward_pre_hook(lambda m, x: seen.__setitem__("in", x[0][0][:, keep] / a)),
+        hooks = [model.model.layers[1].register_forward_pre_hook(
+                     lambda m, x: seen.__setitem__("in", x[0][0][:, keep] / a)),
                  model.model.layers[1].post_attention_layernorm.register_forward_pre_hook(
                      lambda m, x: seen.__setitem__("fetched", x[0][0, :, cols.U:cols.U + circuit.out_dim] / a))]
         try:

@@ -61,11 +61,10 @@ is unknown and the trained model guesses), repeated lines inside a passage near 
 Each token's circuit entries in the embedding scale with the RMS of its trained embedding, so layer 0 reads them at
 exactly unit norm (the positional kernels need it); later reads vary with the trained residual's RMS (about 10%).
 That RMS falls with position beyond the 4.6K tokens the trained models saw, and every read with it, so past 8K a
-far gate flipped sign and a key-norm term swelled until the copy failed (docs/testbed.md). With ``lead`` (the fix:
-2, not shipped yet) the circuit's first layers run ahead of the trained ones, on the embedding and a ballast column
-that tops every token's embedding up to one norm: the positional heads, the match head and the agreement read their
-columns at the scale they were written at, whatever the position and the token, and the last layer ahead removes
-the ballast.
+far gate flipped sign and a key-norm term swelled until the copy failed (docs/testbed.md). With ``lead`` (the shipped
+pair: 2) the circuit's first layers run ahead of the trained ones, on the embedding and a ballast column that tops
+every token's embedding up to one norm: the positional heads, the match head and the agreement read their columns at
+the scale they were written at, whatever the position and the token, and the last layer ahead removes the ballast.
 """
 
 from __future__ import annotations

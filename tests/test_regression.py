@@ -30,10 +30,10 @@ SETTINGS = ["--budget", "128", "--prompts", "2", "--input-tokens", "1024", "--ma
 PINNED = {
     "testbed/full": 11.875,
     "testbed/window": 2.389,
-    "testbed/snapkv": 3.958,
-    "testbed/rift-stat": 2.671,
-    "testbed/rift-dyn": 7.54,
-    "self/rift-dyn": 10.028,
+    "testbed/snapkv": 5.469,
+    "testbed/rift-stat": 3.136,
+    "testbed/rift-dyn": 9.596,
+    "self/rift-dyn": 9.596,
 }
 # END PINNED
 

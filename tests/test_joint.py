@@ -254,7 +254,8 @@ def joint_run(tmp_path_factory):
             "--joint-timesteps", "1024", "--train-sources", "stdlib", "--prompts-per-source", "2",
             "--eval-prompts", "1", "--input-tokens", "512", "--max-new-tokens", "48", "--train-new-tokens", "48",
             "--budget", "64", "--task", "low,high", "--workers", "1", "--wandb-mode", "offline",
-            "--output-dir", str(out)]
+            "--output-dir", str(out),
+            "--target", "testbed-lm", "--drafter", "testbed-lm"]  # the trained pair: the job's path, not the copier
     assert script_module("train_controller").main(argv) == 0
     return out, argv
 

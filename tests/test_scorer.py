@@ -69,7 +69,9 @@ def test_training_script_writes_a_scorer_every_entry_point_loads(tmp_path):
     out = tmp_path / "run"
     args = ["--train-prompts", "4", "--input-tokens", "512", "--continuation-tokens", "48", "--steps", "12",
             "--eval-every", "6", "--curve-prompts", "1", "--table-prompts", "1", "--new-tokens", "24",
-            "--lookaheads", "0", "64", "--temperatures", "0", "--source-dir", "stdlib", "--output-dir", str(out)]
+            "--lookaheads", "0", "64", "--temperatures", "0", "--source-dir", "stdlib",
+            # The trained pair: this test is about the file and who loads it; the composed pair's copier adds only time.
+            "--target", "testbed-lm", "--drafter", "testbed-lm", "--output-dir", str(out)]
     res = subprocess.run([sys.executable, str(ROOT / "experiments" / "train_scorer.py"), *args], env=ENV,
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -98,7 +100,7 @@ def test_training_script_writes_a_scorer_every_entry_point_loads(tmp_path):
         assert run(build_parser().parse_args([*policy, "--scorer", scorer, *common]))["target_greedy_match"] == 1.0
     table = subprocess.run([sys.executable, str(ROOT / "experiments" / "policy_table.py"), "--scorer", scorer,
                             "--budget", "64", "--prompts", "1", "--input-tokens", "512", "--max-new-tokens", "16",
-                            "--drafters", "testbed"], env=ENV, capture_output=True, text=True, timeout=600)
+                            "--target", "testbed-lm", "--drafters", "testbed-lm"], env=ENV, capture_output=True, text=True, timeout=600)
     assert table.returncode == 0, table.stderr[-2000:]
 
     # The main job builds its layout from the same options before anything slow: the file is what it scores with.

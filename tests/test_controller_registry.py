@@ -144,7 +144,7 @@ def test_a_registered_learned_family_is_trained_swept_exported_and_loaded(toy_le
             "--dagger-rounds", "1", "--label-episodes", "1", "--oracle-lams", "--oracle-episodes", "1",
             "--tree-depth", "2", "--tree-decisions", "0.5", "--logistic-thresholds", "0.5", "--periods", "32",
             "--workers", "1", "--wandb-mode", "disabled", "--output-dir", str(out),
-            "--target", "testbed-lm", "--drafter", "testbed-lm"]  # the trained pair: the registry's path, not the copier
+            "--target", "testbed-lm", "--drafter", "testbed-lm"]  # the trained pair: the registry's path, no copier
     assert train_controller.parse_args(argv).toy_learned_quantile == 0.25
     with pytest.raises(SystemExit):
         train_controller.parse_args(argv + ["--toy-learned-quantile", "-1"])

@@ -100,7 +100,8 @@ def test_training_script_writes_a_scorer_every_entry_point_loads(tmp_path):
         assert run(build_parser().parse_args([*policy, "--scorer", scorer, *common]))["target_greedy_match"] == 1.0
     table = subprocess.run([sys.executable, str(ROOT / "experiments" / "policy_table.py"), "--scorer", scorer,
                             "--budget", "64", "--prompts", "1", "--input-tokens", "512", "--max-new-tokens", "16",
-                            "--target", "testbed-lm", "--drafters", "testbed-lm"], env=ENV, capture_output=True, text=True, timeout=600)
+                            "--target", "testbed-lm", "--drafters", "testbed-lm"], env=ENV, capture_output=True,
+                           text=True, timeout=600)
     assert table.returncode == 0, table.stderr[-2000:]
 
     # The main job builds its layout from the same options before anything slow: the file is what it scores with.

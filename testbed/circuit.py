@@ -62,9 +62,10 @@ Each token's circuit entries in the embedding scale with the RMS of its trained 
 exactly unit norm (the positional kernels need it); later reads vary with the trained residual's RMS (about 10%).
 That RMS falls with position beyond the 4.6K tokens the trained models saw, and every read with it, so past 8K a
 far gate flipped sign and a key-norm term swelled until the copy failed (docs/testbed.md). With ``lead`` (the shipped
-pair: 2) the circuit's first layers run ahead of the trained ones, on the embedding and a ballast column that tops
-every token's embedding up to one norm: the positional heads, the match head and the agreement read their columns at
-the scale they were written at, whatever the position and the token, and the last layer ahead removes the ballast.
+target: 3, draft: 2) the circuit's first layers run ahead of the trained ones, on the embedding and a ballast column
+that tops every token's embedding up to one norm: the positional heads, the match head, the agreement (and with 3
+the gate) read their columns at the scale they were written at, whatever the position and the token, and the last
+layer ahead removes the ballast.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ class CopyCircuit:
     # term swelled (docs/testbed.md). Ahead of the trained layers the residual is the embedding, and a ballast column
     # (BAL) tops every token's embedding up to one norm, so the layers ahead read their columns at exactly the scale
     # they were written at, at any position and for any token; the last layer ahead removes the ballast before the
-    # trained layers read the residual. With lead 2 the match head and its agreement run there.
+    # trained layers read the residual. With lead 2 the match head and its agreement run there; with lead 3 the
+    # gate as well (the shipped target: with lead 2, whose gate read after trained layer 0, one 16K copy failed).
     lead: int = 0
 
     @property

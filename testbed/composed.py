@@ -42,17 +42,20 @@ SETTINGS = "circuit.json"
 # bases went from 0.71-0.83 to 0.92-0.96 (teacher-forced proxy, docs/testbed.md). The draft's head_dim of 48 leaves 48
 # non-turning dims: three near windows and a far one of 6-dim codes.
 # Both serve 40,960 positions (a 32K-token prompt and 4K generated tokens, with room): the trained models were
-# trained up to 4.6K tokens, and their context of 8,192 is theirs alone (testbed-lm). Their copiers run two layers
-# ahead of the trained layers on a ballasted embedding (lead), so that their positional heads, far gate, key norms,
-# match head and agreement read the scale they were written at, at every position (target 6 layers, draft 4; with
-# one layer ahead, whose agreement still read after trained layer 0, pip 8K copies fell to 0.80 / 0.78). They store
-# their columns at 0.02 of an embedding row's norm, so the trained layers, which see all of them, barely do (code NLL
-# at 2K: 1.68 at 0.02 against 1.72 at 0.05, target; docs/testbed.md). With lead the draft's two near windows derailed
-# two 2K copies of twelve on near ties; three tell them apart.
+# trained up to 4.6K tokens, and their context of 8,192 is theirs alone (testbed-lm). Their copiers run ahead of the
+# trained layers on a ballasted embedding (lead), so that their positional heads, far gate, key norms, match head and
+# agreement read the scale they were written at, at every position (with one layer ahead, whose agreement still read
+# after trained layer 0, pip 8K copies fell to 0.80 / 0.78). The target's gate runs ahead too (lead 3, 7 layers):
+# with lead 2 it read after trained layer 0's attention, and at setuptools 16K prompt 0 it passed a bonus ~10x too
+# large for a wrong token (target copy 0.656); the draft copies every long check whole with lead 2 (4 layers), and
+# its steps are what speculation pays for. They store their columns at 0.02 of an embedding row's norm, so the
+# trained layers, which see all of them, barely do (code NLL at 2K: 1.68 at 0.02 against 1.72 at 0.05, target;
+# docs/testbed.md). With lead the draft's two near windows derailed two 2K copies of twelve on near ties; three tell
+# them apart.
 CONTEXT = 40960
 CIRCUITS = {"target": CopyCircuit(label_dim=16, windows=((4, 8), (8, 16), (16, 28), (28, 40)),
                                   far_windows=((40, 120),), far_weight=0.35, far_gate=True, match_dim=9,
-                                  extra_head_dims=20, context=CONTEXT, lead=2, scale=0.02),
+                                  extra_head_dims=20, context=CONTEXT, lead=3, scale=0.02),
             "draft": CopyCircuit(windows=((4, 8), (8, 16), (16, 40)), far_windows=((40, 120),), match_dim=6,
                                  context=CONTEXT, lead=2, scale=0.02)}
 # Code whose change changes the composed weights: part of the cache key.

@@ -1,7 +1,7 @@
 """Learn when to refresh the draft's RIFT cache from replay tables, and compare every controller family on code it
 never saw.
 
-    python experiments/train_controller.py                  # built-in testbed, about 20 minutes on 2 CPU cores
+    python experiments/train_controller.py                  # built-in testbed, about 17 minutes on 2 CPU cores
     python experiments/train_controller.py --resume         # after an interruption: continue where it stopped
 
 Defaults: the paper's RIFT-ada setting as far as 2 cores allow: the shipped pair with its external draft, T = 1,
@@ -16,12 +16,13 @@ Defaults: the paper's RIFT-ada setting as far as 2 cores allow: the shipped pair
    (DAgger); PPO and DQN (stable-baselines3) trained in the replay environment (``rift_ada/Replay-v0``) per
    refresh-cost weight lambda, --reward tokens or time (PPO first clones the oracle whose cost is that reward, then
    its critic warms up with the clone frozen, then PPO improves on it).
-3. Every family swept across its knob in the real decoder on the held-out prompts (periodic: period; tree /
-   logistic: decision level; PPO, DQN: lambda) over --eval-seeds seeds; the oracle's points from the held-out
-   tables at each --oracle-lams.
-4. Output folder: tradeoff.csv (refresh savings against periodic at matched AL, share of the oracle's saving),
-   tradeoff.png, tradeoff_time.png, metrics.json, controller-<kind>.json/.pt per learned family (``--controller``,
-   ``rift_generate``: no scikit-learn or SB3 needed), the tables, an offline W&B run (``wandb sync``).
+3. Every family across its knob (periodic: period; tree / logistic: decision level; PPO, DQN: lambda) and the
+   oracle (--oracle-lams) replayed on the held-out tables: the headline, each figure with a bootstrap interval over
+   the prompts, pooled and per task family; the real decoder checks it on --check-prompts of them (paired seeds).
+4. Output folder: tradeoff.csv (replayed: refresh savings against periodic at matched AL, share of the oracle's
+   saving, AL gain at matched refreshes, with intervals), tradeoff_check.csv, tradeoff.png, tradeoff_time.png,
+   metrics.json, controller-<kind>.json/.pt per learned family (``--controller``, ``rift_generate``: no
+   scikit-learn or SB3 needed), the tables, an offline W&B run (``wandb sync``).
 
 ``--joint`` trains joint controllers (refresh and draft length) on the same tables instead (trainers/joint.py).
 Resuming: every table is a file and every other finished unit is stored in <output-dir>/state as soon as it ends;
@@ -61,8 +62,9 @@ def parse_args(argv=None):
     add_runtime_options(p)
     add_job_options(p)
     # Every registered rule with a knob (--periods, --acc-thresholds, ...). The hand rules are off by default.
-    add_knob_options(p.add_argument_group("tradeoff sweep"), periods=[16, 32, 64], acc_thresholds=[],
-                     entropy_quantiles=[])
+    # The sweep is replayed on the held-out tables, so periodic's curve is cheap to draw densely.
+    add_knob_options(p.add_argument_group("tradeoff sweep"), periods=[8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256],
+                     acc_thresholds=[], entropy_quantiles=[])
     # Every learned kind's knob and training options (--tree-decisions, --lams, --ppo-timesteps, ...) and --learners.
     add_learned_options(p.add_argument_group("learned controllers"))
     joint.add_joint_options(p)  # --joint: refresh and draft length (trainers/joint.py)
@@ -71,6 +73,7 @@ def parse_args(argv=None):
         p.set_defaults(**PRESETS[preset.preset])
     args = p.parse_args(argv)
     require_positive(p, args, ("budget", "max_new_tokens", "prompts_per_source", "eval_prompts", "eval_seeds",
+                               "resamples",
                                "tables_per_prompt", "train_new_tokens", "dagger_rounds", "label_episodes",
                                "draft_length", "threads", "n_envs", "workers", "oracle_episodes"))
     if any(x < 0 for x in args.oracle_lams) or args.refresh_cost < 0 or args.label_price < 0:
@@ -82,6 +85,8 @@ def parse_args(argv=None):
         learners_of(args)
     except ValueError as e:
         p.error(str(e))
+    if problem := report.check_problem(args):
+        p.error(problem)
     if args.source_dir == "stdlib":
         args.source_dir = None
     args.output_dir = args.output_dir or ("runs/joint" if args.joint else "runs/controller")
@@ -106,10 +111,7 @@ def add_job_options(p) -> None:
     m.add_argument("--source-dir", default="pip",
                    help="the held-out code base (a package or a folder; never among --train-sources): the sweep's "
                         "prompts. 'stdlib' takes the standard library's held-out split")
-    m.add_argument("--eval-prompts", type=int, default=3, help="held-out prompts for the tradeoff curves")
-    m.add_argument("--eval-seeds", type=int, default=1,
-                   help="decoder seeds per held-out prompt and point (sampling makes AL noisy; the table reports the "
-                        "mean and the spread over seeds)")
+    report.add_eval_options(m)  # --eval-prompts, --eval-seeds, the real decoder's check, the intervals
     t = p.add_argument_group("training")
     t.add_argument("--tables-per-prompt", type=int, default=1,
                    help="sampled continuations (tables) per training prompt when sampling")
@@ -141,12 +143,7 @@ def add_job_options(p) -> None:
     t.add_argument("--workers", type=int, default=2,
                    help="processes building tables and decoding the sweep's points side by side, each with its own "
                         "copy of the pair (one per core; 1: all in this process)")
-    k = p.add_argument_group("oracle")
-    k.add_argument("--oracle-lams", type=float, nargs="*", default=[1.0, 2.0, 4.0, 8.0, 16.0],
-                   help="the oracle (exact over the held-out tables' grid) at these refresh prices in target rounds: "
-                        "its curve shows the saving a controller could reach (none: skip it)")
-    k.add_argument("--oracle-episodes", type=int, default=16,
-                   help="replays per held-out table of the oracle's and the full cache's points (sampling)")
+    stages.add_oracle_options(p.add_argument_group("oracle"))
     o = p.add_argument_group("output")
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--output-dir", default=None, help="default runs/controller (--joint: runs/joint)")
@@ -176,7 +173,7 @@ PRESETS = {  # defaults per setting (an option given wins); "paper": the RIFT pa
 
 
 # A finished run's files (refused or deleted as "a previous run"); options that do not change its results.
-RESULT_FILES = ("tradeoff.csv", "tradeoff_replay.csv", "tradeoff.png", "tradeoff_time.png", "metrics.json",
+RESULT_FILES = ("tradeoff.csv", "tradeoff_check.csv", "tradeoff.png", "tradeoff_time.png", "metrics.json",
                 *(f"controller-{c.kind}{c.suffix}" for c in learned()), *joint.RESULT_FILES)
 SESSION_OPTIONS = ("output_dir", "resume", "overwrite", "threads", "wandb_project", "wandb_mode", "workers")
 
@@ -233,16 +230,19 @@ def main(argv=None) -> int:
     trained = stages.train(job, learners_of(args))
     training_s = time.time() - t0
     observed = job.states if job.states is not None else np.zeros((0, len(signals.NAMES)), np.float32)
-    points = stages.sweep_points(knob_values(args), observed, trained)
-    results = stages.run_sweep(state, points, ctx, setting, layout, evals, args)
+    values = knob_values(args)  # the real decoder's periods are replayed too, so each check has its replay
+    values["periodic"] = sorted(set(values["periodic"]) | set(args.check_periods if args.check_prompts else []))
+    points = stages.sweep_points(values, observed, trained)
     full, oracle = stages.replayed_points(state, heldout_tables, args)
     replayed = stages.replay_sweep(state, points, heldout_tables, args)
-    timings = {"tables_s": tables_s, "training_s": training_s, "sweep_s": sum(r["seconds"] for r in results)}
-    every = [sweep.full_point()] + points + [p for p, _ in oracle]
+    checked = stages.check_points(points, args)
+    results = stages.run_sweep(state, checked, ctx, setting, layout, evals[:args.check_prompts], args)
+    timings = {"tables_s": tables_s, "training_s": training_s, "check_s": sum(r["seconds"] for r in results)}
     data = {"train_sources": sorted({src for src, _ in train}), "train_tables": len(train_tables),
             "heldout_tables": len(heldout_tables), "knobs": {k: [x for x, _ in pts] for k, pts in trained.items()}}
-    report.finish(out, state, run, args, every, [full] + results + [c for _, c in oracle],
-                  [full] + replayed + [c for _, c in oracle], list(trained), timings, data, costs, t_start)
+    report.finish(out, state, run, args, report.Swept([sweep.full_point()] + points + [p for p, _ in oracle],
+                                                      [full] + replayed + [c for _, c in oracle]),
+                  report.Swept(checked, results), list(trained), timings, data, costs, t_start)
     return 0
 
 

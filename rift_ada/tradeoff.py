@@ -82,3 +82,96 @@ def _share(row: dict, curve, R: np.ndarray, A: np.ndarray) -> float | None:
     if not need or oracle_rate is None or oracle_rate >= need:
         return None
     return row["refresh_savings"] / (1.0 - oracle_rate / need)
+
+
+# --- intervals over prompts -------------------------------------------------------------------------------------------
+def prompt_counts(c: dict) -> list[dict]:
+    """A point's numbers per prompt (``per_prompt`` of a sweep unit or a replay; several seeds of a prompt pooled: AL
+    their mean, counts summed), in prompt order."""
+    per = c.get("per_prompt") or []
+    seeds = max([p.get("seed", 0) for p in per], default=0) + 1
+    n = len(per) // seeds
+    out = []
+    for i in range(n):
+        mine = [per[s * n + i] for s in range(seeds)]
+        row = {"acceptance_length": float(np.mean([p["acceptance_length"] for p in mine]))}
+        for key in ("refreshes", "tokens", "rounds", "drafted"):
+            if all(key in p for p in mine):
+                row[key] = float(sum(p[key] for p in mine))
+        out.append(row)
+    return out
+
+
+def rows_on(labels: list[tuple[str, object]], per: list[list[dict]], idx, full_al: float | None = None,
+            costs=None) -> list[dict]:
+    """Rows of the prompts ``idx`` (indices into each point's ``per`` list, repeats allowed): AL the mean over them,
+    refreshes per 1K over their tokens, the modelled tokens/s (with ``costs``) over their modelled time."""
+    rows = []
+    for (family, knob), p in zip(labels, per):
+        sel = [p[i] for i in idx]
+        tokens = sum(x["tokens"] for x in sel)
+        row = {"family": family, "knob": knob,
+               "acceptance_length": float(np.mean([x["acceptance_length"] for x in sel])),
+               "refreshes_per_1k": 1000.0 * sum(x["refreshes"] for x in sel) / max(tokens, 1.0),
+               "refreshes": float(sum(x["refreshes"] for x in sel))}
+        if full_al:
+            row["al_vs_full"] = row["acceptance_length"] / full_al
+        if costs is not None and all("rounds" in x for x in sel):
+            row["modelled_tokens_per_s"] = tokens / costs.total_seconds(sum(x["drafted"] for x in sel),
+                                                                      sum(x["rounds"] for x in sel),
+                                                                      sum(x["refreshes"] for x in sel))
+        rows.append(row)
+    return rows
+
+
+ROW_STATS = ("acceptance_length", "refreshes_per_1k", "al_vs_full", "modelled_tokens_per_s", "refresh_savings",
+             "oracle_share", "al_gain")
+FAMILY_STATS = ("refresh_savings", "oracle_share", "al_gain")
+
+
+def bootstrap(labels: list[tuple[str, object]], per: list[list[dict]], full: list[dict] | None = None,
+              prompts=None, costs=None, n: int = 1000, seed: int = 0, level: float = 0.95,
+              compare: bool = True) -> dict:
+    """Percentile intervals from resampling the prompts (``prompts``: the indices to resample, None: all) with
+    replacement, ``n`` times: for every row its AL, refresh rate, AL over the full cache's (``full``: the full cache's
+    per-prompt numbers), modelled tokens/s and (``compare``) refresh savings, oracle share and AL gain; for every
+    compared family (:func:`matched_comparison`, best knob in
+    each resample) its refresh savings, oracle share and AL gain. A family statistic undefined in a resample (periodic
+    never reaches the AL, ...) is left out of its interval, and ``defined`` says in what share of resamples it was.
+
+    Returns {"rows": [{stat: (lo, hi)}, ...] (in ``labels`` order), "families": {family: {stat: (lo, hi) or None,
+    "<stat>_defined": share}}, "prompts": how many were resampled, "resamples": n, "level": level}."""
+    idx_all = np.arange(len(per[0])) if prompts is None else np.asarray(list(prompts))
+    if len(idx_all) == 0:
+        raise ValueError("no prompts to resample")
+    rng = np.random.default_rng(seed)
+    row_draws = [{s: [] for s in ROW_STATS} for _ in labels]
+    fam_draws: dict[str, dict[str, list]] = {}
+    for _ in range(n):
+        idx = rng.choice(idx_all, size=len(idx_all), replace=True)
+        full_al = float(np.mean([full[i]["acceptance_length"] for i in idx])) if full is not None else None
+        rows = rows_on(labels, per, idx, full_al, costs)
+        if compare:
+            for fam, v in matched_comparison(rows)["families"].items():
+                d = fam_draws.setdefault(fam, {s: [] for s in FAMILY_STATS})
+                for s in FAMILY_STATS:
+                    d[s].append(np.nan if v.get(s) is None else v[s])
+        for draws, r in zip(row_draws, rows):
+            for s in ROW_STATS:
+                if s in r:
+                    draws[s].append(np.nan if r[s] is None else r[s])
+    q = (100 * (1 - level) / 2, 100 * (1 + level) / 2)
+
+    def interval(xs):
+        xs = np.asarray(xs, dtype=np.float64)
+        xs = xs[~np.isnan(xs)]
+        return None if len(xs) == 0 else tuple(float(v) for v in np.percentile(xs, q))
+
+    families = {}
+    for fam, d in fam_draws.items():
+        families[fam] = {}
+        for s in FAMILY_STATS:
+            families[fam][s] = interval(d[s])
+            families[fam][f"{s}_defined"] = float(np.mean(~np.isnan(np.asarray(d[s], dtype=np.float64))))
+    return {"rows": [{s: interval(d[s]) for s in ROW_STATS if d[s]} for d in row_draws], "families": families,
+            "prompts": int(len(idx_all)), "resamples": int(n), "level": float(level)}

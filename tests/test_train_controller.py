@@ -35,9 +35,10 @@ def refreshes_needed(al: float, env) -> float | None:
     return None
 
 
-def expected_summary_lines(rows: list[dict]) -> list[str]:
-    """The job's closing lines, recomputed from tradeoff.csv: per learned family the best refresh savings at
-    matched AL (1 - rate / periodic's rate for that AL) and AL gain at matched refreshes."""
+def expected_summary_lines(rows: list[dict]) -> list[tuple[str, str]]:
+    """The job's closing lines' point values, recomputed from tradeoff.csv: per learned family the best refresh
+    savings at matched AL (1 - rate / periodic's rate for that AL) and AL gain at matched refreshes, as (the line's
+    start, the gain's text); each printed figure is then followed by its interval."""
     env = periodic_envelope(rows)
     lines = []
     for fam in dict.fromkeys(r["family"] for r in rows if r["family"] in LEARNED):
@@ -48,9 +49,13 @@ def expected_summary_lines(rows: list[dict]) -> list[str]:
             savings += [1 - rate / need] if need else []
             gains.append(al - float(np.interp(rate, *zip(*env))))
         sav = f"{100 * max(savings):.1f}%" if savings else "n/a"
-        lines.append(f"{fam}: {sav} fewer refreshes than periodic at matched AL; AL gain at matched refresh count "
-                     f"{max(gains):+.3f}")
+        lines.append((f"{fam}: {sav}", f"AL gain at matched refresh count {max(gains):+.3f}"))
     return lines
+
+
+def matches(printed: list[str], expected: list[tuple[str, str]]) -> bool:
+    return len(printed) == len(expected) and all(line.startswith(head) and gain in line
+                                                 for line, (head, gain) in zip(printed, expected))
 
 
 def test_matched_comparison_on_known_points():
@@ -68,9 +73,35 @@ def test_matched_comparison_on_known_points():
     assert fams["ppo"]["refresh_savings"] is None and fams["ppo"]["al_gain"] == 1.0
     assert fams["dqn"]["refresh_savings"] is None and fams["dqn"]["al_gain"] == -1.0
     assert expected_summary_lines(rows) == [
-        "threshold: 66.7% fewer refreshes than periodic at matched AL; AL gain at matched refresh count +1.000",
-        "ppo: n/a fewer refreshes than periodic at matched AL; AL gain at matched refresh count +1.000",
-        "dqn: n/a fewer refreshes than periodic at matched AL; AL gain at matched refresh count -1.000"]
+        ("threshold: 66.7%", "AL gain at matched refresh count +1.000"),
+        ("ppo: n/a", "AL gain at matched refresh count +1.000"),
+        ("dqn: n/a", "AL gain at matched refresh count -1.000")]
+
+
+def test_bootstrap_intervals_over_prompts():
+    """Intervals resample the prompts: identical prompts give a zero-width interval at the point; a seed fixes them;
+    a family's saving is compared in each resample against that resample's periodic curve."""
+    from rift_ada.tradeoff import bootstrap
+
+    def prompt(al_never, al_p, al_ctrl, r_ctrl):
+        return [{"acceptance_length": al_never, "refreshes": 0, "tokens": 1000},
+                {"acceptance_length": al_p, "refreshes": 40, "tokens": 1000},
+                {"acceptance_length": al_ctrl, "refreshes": r_ctrl, "tokens": 1000}]
+
+    labels = [("never", "-"), ("periodic", 25), ("tree", 0.5)]
+    same = [prompt(2.0, 6.0, 6.0, 10)] * 5
+    b = bootstrap(labels, [list(x) for x in zip(*same)], n=200)
+    assert b["families"]["tree"]["refresh_savings"] == pytest.approx((0.75, 0.75))
+    assert b["rows"][2]["acceptance_length"] == pytest.approx((6.0, 6.0))
+    mixed = [prompt(2.0, 6.0, 6.0, 10), prompt(2.0, 6.0, 6.0, 30), prompt(3.0, 5.0, 5.0, 20)] * 2
+    per = [list(x) for x in zip(*mixed)]
+    b1, b2 = bootstrap(labels, per, n=300, seed=1), bootstrap(labels, per, n=300, seed=1)
+    assert b1 == b2
+    lo, hi = b1["families"]["tree"]["refresh_savings"]
+    assert lo < 0.5 < hi and hi <= 0.75 + 1e-9 and lo >= 0.25 - 1e-9  # 1 - 20/40 pooled; 0.25 .. 0.75 per prompt
+    assert b1["families"]["tree"]["refresh_savings_defined"] == 1.0
+    with pytest.raises(ValueError, match="no prompts"):
+        bootstrap(labels, per, prompts=[])
 
 
 @pytest.mark.timeout(1200)  # the job's own timeout is 900 s
@@ -79,7 +110,8 @@ def test_main_job_small_run_writes_wandb_offline_table_and_outputs(tmp_path):
     args = ["--target", "testbed-lm", "--drafter", "testbed-lm", "--train-sources", "stdlib,numpy",
             "--prompts-per-source", "1", "--eval-prompts", "2", "--input-tokens", "512", "--budget", "64",
             "--max-new-tokens", "64", "--train-new-tokens", "48", "--ppo-timesteps", "256", "--dqn-timesteps", "128", "--lams", "0.5",
-            "--periods", "16", "32", "--acc-thresholds", "0.5",
+            "--periods", "16", "32", "--check-periods", "16", "--check-prompts", "1",
+            "--check-learners", "all", "--acc-thresholds", "0.5",
             "--entropy-quantiles", "0.5", "--learners", "ppo,dqn", "--reward", "time", "--oracle-lams", "0.5", "2",
             "--tree-decisions", "0.5", "--label-price", "0.5", "--temperature", "0", "--eval-seeds", "1",
             "--workers", "2", "--output-dir", str(out)]
@@ -89,8 +121,8 @@ def test_main_job_small_run_writes_wandb_offline_table_and_outputs(tmp_path):
     rows = list(csv.DictReader((out / "tradeoff.csv").open()))
     metrics = json.loads((out / "metrics.json").read_text())
     printed = [line for line in res.stdout.splitlines() if "fewer refreshes than periodic at matched AL" in line]
-    assert printed == expected_summary_lines(rows), res.stdout[-2000:]
-    assert {r["family"] for r in rows} == {"never", "periodic", "threshold", "entropy", "tree", "logistic", "ppo",
+    assert matches(printed, expected_summary_lines(rows)), res.stdout[-2000:]
+    assert {r["family"] for r in rows} == {"full", "never", "periodic", "threshold", "entropy", "tree", "logistic", "ppo",
                                            "dqn", "oracle"}
     assert sorted(p.name for p in (out / "tables").glob("*.safetensors")) == [
         "heldout-000-0.safetensors", "heldout-001-0.safetensors", "train-000-0.safetensors",
@@ -104,8 +136,22 @@ def test_main_job_small_run_writes_wandb_offline_table_and_outputs(tmp_path):
     assert [float(r["knob"]) for r in oracle] == [0.5, 2.0] and all(r["al_gain"] != "" for r in oracle)
     full = metrics["full_cache_acceptance_length"]
     assert all(float(r["al_vs_full"]) == pytest.approx(float(r["acceptance_length"]) / full, rel=1e-12) for r in rows)
+    # Every replayed point carries its interval (bootstrap over the held-out prompts), and it holds the point.
+    for r in rows:
+        assert float(r["al_lo"]) <= float(r["acceptance_length"]) + 1e-9 <= float(r["al_hi"]) + 2e-9, r
+        assert r["refreshes_per_1k_lo"] != "" and r["refreshes_per_1k_hi"] != ""
+    # The real decoder's check: periodic at 16 (--check-periods) and every learned point, on the first prompt.
+    check = list(csv.DictReader((out / "tradeoff_check.csv").open()))
+    assert [(r["family"], r["knob"]) for r in check][:1] == [("periodic", "16")]
+    assert {r["family"] for r in check} == {"periodic", "tree", "logistic", "ppo", "dqn"}
+    replay_rows = {(r["family"], r["knob"]): r for r in rows}
+    for r in check:  # greedy: the replay follows the real decode of the same prompt closely (docs/replay.md)
+        assert float(r["replayed_al"]) == pytest.approx(float(r["acceptance_length"]), rel=0.1), r
+        assert float(r["al_real_over_replayed"]) == pytest.approx(
+            float(r["acceptance_length"]) / float(r["replayed_al"]), rel=1e-9)
+        assert r["al_within"] in ("True", "False") and (r["family"], r["knob"]) in replay_rows
     never = next(r for r in rows if r["family"] == "never")
-    assert int(never["refreshes"]) == 0 and float(never["acceptance_length"]) < full, "the budget binds"
+    assert float(never["refreshes"]) == 0 and float(never["acceptance_length"]) < full, "the budget binds"
     entropy = next(r for r in rows if r["family"] == "entropy")
     # The entropy rule's knob: the median draft entropy of the labelled replay states (4 significant digits).
     states = np.array(json.loads((out / "state" / "tree.json").read_text())["X"])
@@ -118,24 +164,27 @@ def test_main_job_small_run_writes_wandb_offline_table_and_outputs(tmp_path):
     for family, suffix in (("tree", "json"), ("logistic", "json"), ("ppo", "pt"), ("dqn", "pt")):
         path = out / f"controller-{family}.{suffix}"
         assert metrics["exported"][family]["file"] == str(path) and load_controller(path).kind == family
-    # Each row's modelled speed: its sweep unit's tokens over the modelled time of its rounds at the measured costs.
+    # Each replayed row's modelled speed: its counts' tokens over the modelled time of its rounds at the measured
+    # costs (the replay's state unit holds the counts of every point after the full cache, in the rows' order).
     assert metrics["reward"] == "time"
     c = metrics["costs"]
-    for r in metrics["rows"]:
-        if r["family"] == "oracle":
-            continue
-        knob = "" if r["knob"] == "-" else "-q0.5" if r["family"] == "entropy" else f"-{float(r['knob']):g}"
-        u = json.loads((out / "state" / f"sweep-{r['family']}{knob}.json").read_text())
+    counts = json.loads((out / "state" / "replay-sweep.json").read_text())["counts"]
+    swept = [r for r in metrics["rows"] if r["family"] not in ("full", "oracle")]
+    assert len(swept) == len(counts)
+    for r, u in zip(swept, counts):
         seconds = u["drafted"] * c["draft_step_s"] + u["rounds"] * c["verify_s"] + u["refreshes"] * c["refresh_s"]
-        assert r["modelled_tokens_per_s"] == pytest.approx(u["tokens"] / seconds, rel=1e-12), r
+        assert r["modelled_tokens_per_s"] == pytest.approx(u["tokens"] / seconds, rel=1e-9), r
+        assert r["tokens_per_s_lo"] <= r["modelled_tokens_per_s"] + 1e-9 <= r["tokens_per_s_hi"] + 2e-9
     dqn = load_controller(out / "state" / "dqn-lam0.5.pt")  # the DQN run's export, as the sweep loaded it
     assert isinstance(dqn, DQNController) and dqn.lam == 0.5
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("run-*.wandb"))
     tables = [json.loads(t.read_text()) for t in runs[0].glob("files/media/table/**/*.table.json")]
-    tradeoff = [t for t in tables if t["columns"][:3] == ["family", "knob", "acceptance_length"]]
+    tradeoff = [t for t in tables if t["columns"][:3] == ["family", "knob", "acceptance_length"]
+                and "replayed_al" not in t["columns"]]
     assert len(tradeoff) == 1, "the tradeoff table is in the offline run"
-    assert len(tradeoff[0]["data"]) == len(rows)
+    assert len(tradeoff[0]["data"]) == len(rows) and "al_lo" in tradeoff[0]["columns"]
+    assert any("replayed_al" in t["columns"] and len(t["data"]) == len(check) for t in tables), "and the check's"
     assert sum(t["columns"] == ["step", "lineKey", "lineVal"] for t in tables) == 2, "and its two line plots"
     assert len(list(runs[0].glob("files/media/images/**/*.png"))) == 2, "both plots as images"
 
@@ -160,6 +209,10 @@ def test_help_and_bad_values():
     res = subprocess.run([sys.executable, str(SCRIPT), "--learners", "ppo,a2c"], capture_output=True, text=True,
                          env=ENV)
     assert res.returncode == 2 and "--learners: a2c" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    for bad, says in ((["--check-learners", "ppo,a2c"], "--check-learners: a2c"),
+                      (["--eval-prompts", "2", "--check-prompts", "3"], "--check-prompts must be in 0 .. --eval-prompts")):
+        res = subprocess.run([sys.executable, str(SCRIPT), *bad], capture_output=True, text=True, env=ENV)
+        assert res.returncode == 2 and says in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
 

@@ -36,7 +36,9 @@ def check_layout(layout: CacheLayout, prompt_len: int) -> None:
 def continuation(target, draft, prompt_ids: Sequence[int], max_new_tokens: int, decoding: Decoding,
                  eos_token_id: int | None) -> list[int]:
     """The target's output for the prompt (greedy, or sampled with ``decoding.seed``): speculative decoding with the
-    full draft cache, the fastest lossless path here (static steps where the models allow)."""
+    full draft cache while it pays, plain target steps where the draft guesses little (:class:`SpeculateWhilePaying`:
+    every round keeps the exact rejection rule, so the output is the target's either way; static steps where the
+    models allow)."""
     from ..evaluate import decode
     from ..speculative import SpeculativeDecoder
     from ..static import check_static
@@ -51,8 +53,39 @@ def continuation(target, draft, prompt_ids: Sequence[int], max_new_tokens: int, 
     dec = SpeculativeDecoder(target, None if draft is target else draft, CacheLayout("full"), decoding.draft_length,
                              temperature=decoding.temperature, top_p=decoding.top_p, top_k=decoding.top_k,
                              eos_token_id=eos_token_id, seed=decoding.seed, **steps)
-    return decode(dec, list(prompt_ids), max_new_tokens).tokens
+    return decode(dec, list(prompt_ids), max_new_tokens, SpeculateWhilePaying(decoding.draft_length)).tokens
 
+
+class SpeculateWhilePaying:
+    """A joint controller for a table's continuation: full draft rounds while their tokens per round (an EMA) stay at
+    ``min_emitted`` or above; below it, plain target steps, then one speculative round to look again, the plain
+    stretch doubling (from ``plain`` up to ``max_plain``) each time the look finds the draft still guessing little.
+
+    Why: on high-entropy text a full-cache draft round at k = 11 emits about 2 tokens for the price of ~5 plain
+    target steps on this CPU (measured at 1K tokens: 185 ms a round, 38 ms a plain step), so a table's continuation
+    took 120 s instead of ~40 s. The rule reads only the emitted counts, never a clock, so a seed gives the same
+    continuation on any machine."""
+
+    joint = True  # decides each round's draft length too (rift_ada.joint's contract)
+
+    def __init__(self, draft_length: int, min_emitted: float = 3.0, plain: int = 16, max_plain: int = 256,
+                 decay: float = 0.5):
+        self.k = self.k_max = draft_length
+        self.min_emitted, self.first_plain, self.max_plain, self.decay = min_emitted, plain, max_plain, decay
+        self.ema, self.plain, self.left, self.last = float(draft_length + 1), plain, 0, None
+
+    def act(self, state) -> tuple[bool, int]:
+        if self.last is not None:  # the round just finished drafted: its tokens update the estimate
+            self.ema = self.decay * self.ema + (1 - self.decay) * (state.generated - self.last)
+            if self.ema < self.min_emitted:
+                self.left, self.plain = self.plain, min(2 * self.plain, self.max_plain)
+            else:
+                self.plain = self.first_plain
+        if self.left > 0:
+            self.left, self.last = self.left - 1, None
+            return False, 0
+        self.last = state.generated
+        return False, self.k
 
 @torch.inference_mode()
 def build_table(target, draft, prompt_ids: Sequence[int], layout: CacheLayout, decoding: Decoding,

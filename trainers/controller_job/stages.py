@@ -11,6 +11,14 @@ from tqdm.auto import tqdm
 from rift_ada import sweep
 from rift_ada.sweep import Point
 
+def add_oracle_options(group) -> None:
+    group.add_argument("--oracle-lams", type=float, nargs="*", default=[1.0, 2.0, 4.0, 8.0, 16.0],
+                       help="the oracle (exact over the held-out tables' grid) at these refresh prices in target "
+                            "rounds: its curve shows the saving a controller could reach (none: skip it)")
+    group.add_argument("--oracle-episodes", type=int, default=16,
+                       help="replays per held-out table of every replayed point (sampling)")
+
+
 def load(args):
     """The pair, the training prompts (``--prompts-per-source`` from each of ``--train-sources``, the --task families
     cycling) as (code base, ids) and the held-out prompts of ``--source-dir`` (a code base never trained on)."""
@@ -106,6 +114,20 @@ def sweep_points(values: dict, observed, trained: dict) -> list[Point]:
                      for kind, pts in trained.items() for knob, ctrl in pts]
 
 
+def check_points(points: list[Point], args) -> list[Point]:
+    """The points the real decoder checks the replay on: periodic at --check-periods and the --check-learners
+    kinds' points (none without --check-prompts)."""
+    if args.check_prompts == 0:
+        return []
+    from rift_ada.refresh.registry import learned
+    from rift_ada.refresh.rules import PeriodicController
+
+    kinds = ({cls.kind for cls in learned()} if args.check_learners == "all"
+             else set(args.check_learners.split(",")))
+    return ([Point("periodic", p, PeriodicController(p), sweep.unit_name("periodic", p)) for p in args.check_periods]
+            + [p for p in points if p.family in kinds])
+
+
 def sweep_unit(ctx, point, layout, prompts, max_new_tokens, seeds) -> dict:
     """One point's counts on the held-out prompts in the real decoder (a unit; ``rift_ada.sweep.measure``)."""
     from rift_ada.layout import CacheLayout
@@ -145,10 +167,11 @@ def replay_sweep(state, points: list[Point], heldout_tables, args) -> list[dict]
 
 
 def run_sweep(state, points: list[Point], ctx, setting, layout, prompts, args) -> list[dict]:
-    """One unit per point on the held-out prompts: its counts over --eval-seeds seeds."""
+    """One unit per point on ``prompts`` in the real decoder: its counts over --eval-seeds seeds (the same decoder
+    seeds at every point: paired)."""
     from .workers import run_units
 
     units = [(p.unit, sweep_unit, (p, layout, prompts, args.max_new_tokens, args.eval_seeds)) for p in points]
     # The slowest points first (never refreshing decodes the most rounds), so no worker is left with one at the end.
     slow = [p.unit for p in points if p.family == "never"]
-    return run_units(state, units, ctx, setting, args.workers, "tradeoff sweep", first=slow)
+    return run_units(state, units, ctx, setting, args.workers, "real-decoder check", first=slow)

@@ -173,10 +173,44 @@ def main(argv=None) -> int:
                              for r in frows)
             sav = {k: v["refresh_savings"] for k, v in fsum.items()}
             print(f"{fam}: {line}; savings {({k: None if v is None else round(v, 3) for k, v in sav.items()})}")
+    intervals = print_intervals(args, pts, counts, len(prompts))
     write_output(args.output, {"options": {k: v for k, v in vars(args).items()}, "full_acceptance_length": full_al,
                                "rows": rows, "matched": summary, "per_family": per_family, "replayed": replayed,
-                               "seconds": time.time() - t0})
+                               "intervals": intervals, "seconds": time.time() - t0})
     return 0
+
+
+def print_intervals(args, pts, counts, n_prompts: int) -> dict:
+    """Every compared family's savings at matched AL and share of the oracle's, each with a 95% bootstrap interval
+    over the prompts (their seeds pooled), over all prompts and per task family."""
+    from rift_ada.data import task_mix
+    from rift_ada.tradeoff import compared_with_intervals, prompt_counts
+
+    def tagged(c):  # replayed counts list their tables seed-major, untagged
+        return {"per_prompt": [{"seed": j // n_prompts, **x} for j, x in enumerate(c["per_prompt"])]}
+
+    per = [prompt_counts(tagged(c)) for c in counts]
+    labels = [(p.family, p.knob) for p in pts]
+    tasks = task_mix(args.task) if "," in args.task and not (args.data or args.speedbench) else []
+    scopes = {"all": None, **{t: [i for i in range(n_prompts) if i % len(tasks) == f] for f, t in enumerate(tasks)}}
+    out = {}
+    print(f"\nwith 95% bootstrap intervals over the {n_prompts} prompts (savings at matched AL; share of the oracle's):")
+    for scope, idx in scopes.items():
+        if idx == []:
+            continue
+        out[scope] = compared_with_intervals(labels[1:], per[1:], per[0], idx, seed=args.seed)
+        cells = []
+        for fam, v in out[scope].items():
+            iv = v["refresh_savings_interval"]
+            sav = "n/a" if v["refresh_savings"] is None else f"{100 * v['refresh_savings']:.1f}%"
+            sav += "" if iv is None else f" [{100 * iv[0]:.1f}, {100 * iv[1]:.1f}]"
+            if fam != "oracle" and v["oracle_share"] is not None:
+                si = v["oracle_share_interval"]
+                sav += f", share {100 * v['oracle_share']:.0f}%" + ("" if si is None else
+                                                                    f" [{100 * si[0]:.0f}, {100 * si[1]:.0f}]")
+            cells.append(f"{fam} {sav}")
+        print(f"  {scope}: " + "; ".join(cells))
+    return out
 
 
 if __name__ == "__main__":

@@ -175,3 +175,17 @@ def bootstrap(labels: list[tuple[str, object]], per: list[list[dict]], full: lis
             families[fam][f"{s}_defined"] = float(np.mean(~np.isnan(np.asarray(d[s], dtype=np.float64))))
     return {"rows": [{s: interval(d[s]) for s in ROW_STATS if d[s]} for d in row_draws], "families": families,
             "prompts": int(len(idx_all)), "resamples": int(n), "level": float(level)}
+
+
+def compared_with_intervals(labels: list[tuple[str, object]], per: list[list[dict]], full: list[dict] | None = None,
+                            prompts=None, n: int = 1000, seed: int = 0) -> dict:
+    """Each compared family's matched comparison over ``prompts`` (indices; None: all) with :func:`bootstrap`'s
+    intervals: family -> {stat: the point value, "<stat>_interval": (lo, hi) or None, "<stat>_defined": share}."""
+    idx = np.arange(len(per[0])) if prompts is None else np.asarray(list(prompts))
+    full_al = float(np.mean([full[i]["acceptance_length"] for i in idx])) if full is not None else None
+    point = matched_comparison(rows_on(labels, per, idx, full_al))["families"]
+    boot = bootstrap(labels, per, full, idx, None, n, seed)["families"]
+    return {fam: {**{s: v.get(s) for s in FAMILY_STATS},
+                  **{f"{s}_interval": boot.get(fam, {}).get(s) for s in FAMILY_STATS},
+                  **{f"{s}_defined": boot.get(fam, {}).get(f"{s}_defined") for s in FAMILY_STATS}}
+            for fam, v in point.items()}

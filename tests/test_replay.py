@@ -371,6 +371,15 @@ def test_heldout_replay_only_replays_every_point_on_the_prompts_tables(tmp_path)
     assert rows["controller", str(tmp_path / "p16.json")]["acceptance_length"] == rows["periodic", "16"]["acceptance_length"]
     assert {"never", "periodic", "periodic:32", "oracle"} <= {f for f, _ in rows}
     assert len(list((tmp_path / "tables").glob("*.safetensors"))) == 2
+    # Intervals over the prompts, pooled and per task family (prompt 0 is low, prompt 1 sort).
+    intervals = json.loads(out.read_text())["intervals"]
+    assert set(intervals) == {"all", "low", "sort"}
+    for scope in intervals.values():
+        assert {"controller", "periodic:32", "oracle"} <= set(scope)
+        for v in scope.values():
+            iv = v["al_gain_interval"]  # every compared family has an AL gain, so every resample gives one
+            assert len(iv) == 2 and iv[0] <= iv[1] and v["al_gain_defined"] == 1.0
+    assert "with 95% bootstrap intervals over the 2 prompts" in res.stdout
     res = subprocess.run([sys.executable, "experiments/heldout_controller.py", "--controller", "x.json", "--replay-only",
                           "--oracle-lams"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "--replay-only needs tables" in res.stderr

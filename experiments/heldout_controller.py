@@ -194,7 +194,8 @@ def print_intervals(args, pts, counts, n_prompts: int) -> dict:
     tasks = task_mix(args.task) if "," in args.task and not (args.data or args.speedbench) else []
     scopes = {"all": None, **{t: [i for i in range(n_prompts) if i % len(tasks) == f] for f, t in enumerate(tasks)}}
     out = {}
-    print(f"\nwith 95% bootstrap intervals over the {n_prompts} prompts (savings at matched AL; share of the oracle's):")
+    print(f"\nwith 95% bootstrap intervals over the {n_prompts} prompts (savings at matched AL; share of the "
+          "oracle's):")
     for scope, idx in scopes.items():
         if idx == []:
             continue

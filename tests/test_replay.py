@@ -383,3 +383,37 @@ def test_heldout_replay_only_replays_every_point_on_the_prompts_tables(tmp_path)
     res = subprocess.run([sys.executable, "experiments/heldout_controller.py", "--controller", "x.json", "--replay-only",
                           "--oracle-lams"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "--replay-only needs tables" in res.stderr
+
+
+def test_table_continuation_speculates_only_while_it_pays_and_stays_the_targets():
+    """A table's continuation (rift_ada.replay.build.continuation): the rule drafts while its tokens per round stay
+    at 3 or more, else plain target steps (16, then 32, ... between looks); rounds of either kind keep the output
+    the target's own greedy output."""
+    from types import SimpleNamespace
+
+    from rift_ada.evaluate import decode
+    from rift_ada.models import greedy_reference
+    from rift_ada.replay.build import SpeculateWhilePaying, continuation
+
+    rule, g, ks = SpeculateWhilePaying(11), 1, []
+    for _ in range(60):  # a draft that guesses nothing: each drafted round emits 1 + 1 tokens, a plain step 1
+        _, k = rule.act(SimpleNamespace(generated=g))
+        ks.append(k)
+        g += 2 if k else 1
+    assert ks[:4] == [11] * 4 and ks[4:20] == [0] * 16 and ks[20] == 11 and ks[21:53] == [0] * 32 and ks[53] == 11
+    pair = cached_testbed_pair("testbed")
+    ids = list(prompts()[0])
+    ref = greedy_reference(pair.target, ids, 40, pair.tokenizer.eos_token_id)
+    dec = SpeculativeDecoder.for_pair(pair, CacheLayout("full"), Decoding(4, 0.0))
+    kinds = []
+
+    class Recorded(SpeculateWhilePaying):
+        def act(self, state):
+            choice = super().act(state)
+            kinds.append(choice[1])
+            return choice
+
+    # Never pays at min_emitted 100: plain stretches of 3, 6, 12 ... steps between single drafted rounds.
+    out = decode(dec, ids, 40, Recorded(4, min_emitted=100, plain=3))
+    assert out.tokens == ref and 0 in kinds and 4 in kinds
+    assert continuation(pair.target, pair.draft, ids, 40, Decoding(4, 0.0), pair.tokenizer.eos_token_id) == ref

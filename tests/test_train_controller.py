@@ -122,8 +122,8 @@ def test_main_job_small_run_writes_wandb_offline_table_and_outputs(tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     printed = [line for line in res.stdout.splitlines() if "fewer refreshes than periodic at matched AL" in line]
     assert matches(printed, expected_summary_lines(rows)), res.stdout[-2000:]
-    assert {r["family"] for r in rows} == {"full", "never", "periodic", "threshold", "entropy", "tree", "logistic", "ppo",
-                                           "dqn", "oracle"}
+    assert {r["family"] for r in rows} == {"full", "never", "periodic", "threshold", "entropy", "tree", "logistic",
+                                           "ppo", "dqn", "oracle"}
     assert sorted(p.name for p in (out / "tables").glob("*.safetensors")) == [
         "heldout-000-0.safetensors", "heldout-001-0.safetensors", "train-000-0.safetensors",
         "train-001-0.safetensors"]
@@ -210,7 +210,8 @@ def test_help_and_bad_values():
                          env=ENV)
     assert res.returncode == 2 and "--learners: a2c" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     for bad, says in ((["--check-learners", "ppo,a2c"], "--check-learners: a2c"),
-                      (["--eval-prompts", "2", "--check-prompts", "3"], "--check-prompts must be in 0 .. --eval-prompts")):
+                      (["--eval-prompts", "2", "--check-prompts", "3"],
+                       "--check-prompts must be in 0 .. --eval-prompts")):
         res = subprocess.run([sys.executable, str(SCRIPT), *bad], capture_output=True, text=True, env=ENV)
         assert res.returncode == 2 and says in res.stderr and "Traceback" not in res.stderr, res.stderr
 

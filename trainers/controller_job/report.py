@@ -17,8 +17,8 @@ COLUMNS = ["family", "knob", "acceptance_length", "al_lo", "al_hi", "al_vs_full"
            "refresh_savings_hi", "oracle_share", "oracle_share_lo", "oracle_share_hi", "al_gain", "al_gain_lo",
            "al_gain_hi"]
 CHECK_COLUMNS = ["family", "knob", "acceptance_length", "al_lo", "al_hi", "refreshes_per_1k", "refreshes_per_1k_lo",
-                 "refreshes_per_1k_hi", "replayed_al", "replayed_refreshes_per_1k", "al_real_over_replayed", "al_within",
-                 "refreshes_within"]
+                 "refreshes_per_1k_hi", "replayed_al", "replayed_refreshes_per_1k", "al_real_over_replayed",
+                 "al_within", "refreshes_within"]
 LO_HI = {"acceptance_length": ("al_lo", "al_hi"), "refreshes_per_1k": ("refreshes_per_1k_lo", "refreshes_per_1k_hi"),
          "refresh_savings": ("refresh_savings_lo", "refresh_savings_hi"),
          "oracle_share": ("oracle_share_lo", "oracle_share_hi"), "al_gain": ("al_gain_lo", "al_gain_hi"),

@@ -184,8 +184,13 @@ def compared_with_intervals(labels: list[tuple[str, object]], per: list[list[dic
     idx = np.arange(len(per[0])) if prompts is None else np.asarray(list(prompts))
     full_al = float(np.mean([full[i]["acceptance_length"] for i in idx])) if full is not None else None
     point = matched_comparison(rows_on(labels, per, idx, full_al))["families"]
-    boot = bootstrap(labels, per, full, idx, None, n, seed)["families"]
-    return {fam: {**{s: v.get(s) for s in FAMILY_STATS},
-                  **{f"{s}_interval": boot.get(fam, {}).get(s) for s in FAMILY_STATS},
-                  **{f"{s}_defined": boot.get(fam, {}).get(f"{s}_defined") for s in FAMILY_STATS}}
-            for fam, v in point.items()}
+    return with_family_intervals({fam: {s: v.get(s) for s in FAMILY_STATS} for fam, v in point.items()},
+                                 bootstrap(labels, per, full, idx, None, n, seed))
+
+
+def with_family_intervals(families: dict, boot: dict) -> dict:
+    """``families`` (a matched comparison's family summaries: point values) with :func:`bootstrap`'s family
+    intervals beside each statistic: "<stat>_interval" (lo, hi) or None, "<stat>_defined" its share of resamples."""
+    return {fam: {**v, **{f"{s}_interval": boot["families"].get(fam, {}).get(s) for s in FAMILY_STATS},
+                  **{f"{s}_defined": boot["families"].get(fam, {}).get(f"{s}_defined") for s in FAMILY_STATS}}
+            for fam, v in families.items()}

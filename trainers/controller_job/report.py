@@ -11,7 +11,6 @@ from pathlib import Path
 
 from rift_ada.resume import atomic_write
 
-STATS = ("acceptance_length", "refreshes_per_1k", "refresh_savings", "oracle_share", "al_gain")
 COLUMNS = ["family", "knob", "acceptance_length", "al_lo", "al_hi", "al_vs_full", "refreshes_per_1k",
            "refreshes_per_1k_lo", "refreshes_per_1k_hi", "refreshes", "refresh_savings", "refresh_savings_lo",
            "refresh_savings_hi", "oracle_share", "oracle_share_lo", "oracle_share_hi", "al_gain", "al_gain_lo",
@@ -97,21 +96,12 @@ def with_intervals(rows: list[dict], boot: dict) -> list[dict]:
     return out
 
 
-def summarise(summary: dict, boot: dict) -> dict:
-    """The matched comparison's family summary (best knob's point values) with the bootstrap's family intervals."""
-    return {fam: {**s, **{f"{k}_interval": boot["families"].get(fam, {}).get(k) for k in
-                          ("refresh_savings", "oracle_share", "al_gain")},
-                  **{f"{k}_defined": boot["families"].get(fam, {}).get(f"{k}_defined") for k in
-                     ("refresh_savings", "oracle_share", "al_gain")}}
-            for fam, s in summary["families"].items()}
-
-
 def replayed_tradeoff(swept: Swept, args, costs, prompts=None) -> tuple[list[dict], dict]:
     """Rows (full cache first) with intervals, and the families' matched comparison with intervals, over the
     held-out ``prompts`` (indices; None: all)."""
     import numpy as np
 
-    from rift_ada.tradeoff import bootstrap, matched_comparison, rows_on
+    from rift_ada.tradeoff import bootstrap, matched_comparison, rows_on, with_family_intervals
 
     per = [per_prompt(c, args.eval_seeds, replayed=True) for c in swept.counts]
     idx = np.arange(len(per[0])) if prompts is None else np.asarray(prompts)
@@ -119,7 +109,7 @@ def replayed_tradeoff(swept: Swept, args, costs, prompts=None) -> tuple[list[dic
     rows = rows_on(swept.labels, per, idx, full, costs)
     summary = matched_comparison(rows[1:])
     boot = bootstrap(swept.labels, per, per[0], idx, costs, args.resamples, args.seed)
-    return with_intervals(rows, boot), summarise(summary, boot)
+    return with_intervals(rows, boot), with_family_intervals(summary["families"], boot)
 
 
 def check_rows(check: Swept, replay: Swept, args) -> list[dict]:
@@ -247,8 +237,8 @@ def log_to_wandb(run, out: Path, rows: list, summary: dict, by_task: dict, check
     run.summary.update({f"costs/{k}": v for k, v in costs.to_dict().items()})
 
 
-def pct(x, signed=False) -> str:
-    return "n/a" if x is None else (f"{100 * x:+.1f}%" if signed else f"{100 * x:.1f}%")
+def pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
 def span(iv, scale=100.0, fmt=".1f") -> str:

@@ -35,6 +35,9 @@ Under torchrun every process decodes its shard of the prompts (rift_ada.distribu
 cost model, writes files, logs to W&B and prints. The compressibility training stays single-process: rank 0 runs it
 (the other processes wait), then every process loads the adapter.
 
+The paper's headline scale (32K-token inputs, 4K-token outputs, an 8K budget: staleness by position, AL by budget,
+retention and the refresh tradeoff, replayed) is ``experiments/paper_regime.py`` (docs/paper-regime.md).
+
 On the built-in testbed (small trained Python LMs; the `testbed` pair's long-range copying is a hand-set circuit)
 these figures test the pipeline and the methods' behaviour, not a claim about real LMs.
 """

@@ -417,3 +417,34 @@ def test_table_continuation_speculates_only_while_it_pays_and_stays_the_targets(
     out = decode(dec, ids, 40, Recorded(4, min_emitted=100, plain=3))
     assert out.tokens == ref and 0 in kinds and 4 in kinds
     assert continuation(pair.target, pair.draft, ids, 40, Decoding(4, 0.0), pair.tokenizer.eos_token_id) == ref
+
+
+@pytest.mark.slow
+def test_caches_that_never_refresh_replay_the_decoder_round_for_round():
+    """A sliding window, SnapKV's prefill selection (nothing evicted after) and RIFT-stat at another budget, each a
+    one-row table over a table's continuation (``rift_ada.replay.fixed``): the real decoder's greedy rounds equal the
+    replay's, and the position-binned AL pools exactly those rounds."""
+    from rift_ada.replay.build import derive_table
+    from rift_ada.replay.fixed import al_by_position, fixed_table
+
+    pair = shipped_pair()
+    base = table(0, shipped=True, layout=WIDE)
+    als = {}
+    for layout in (CacheLayout("window", budget=64), CacheLayout("snapkv", budget=64), CacheLayout("rift", budget=128)):
+        tab = (derive_table(pair.draft, base, layout) if layout.kind == "rift"
+               else fixed_table(pair.draft, base, layout))
+        assert tab.rows >= 1 and tab.settings()["layout"]["kind"] == layout.kind
+        real, _ = decoded(0, NeverController(), layout=layout)
+        rep, _ = replayed(tab, NeverController())
+        assert real == rep, layout.kind
+        r = Replay(tab, 4)
+        r.reset()
+        while not r.done:
+            r.step(False)
+        bins = al_by_position([r], 32, NEW)
+        first = [a + 1 for p, a, _ in real if p < 32]
+        assert bins[0] == pytest.approx(np.mean(first)) and len(bins) == 3
+        als[layout.kind] = r.acceptance_length()
+    assert len(set(als.values())) > 1, als  # the three views differ on this prompt
+    with pytest.raises(ValueError, match="fixed-cache row"):
+        fixed_table(pair.draft, base, CacheLayout("full"))

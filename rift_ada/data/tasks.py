@@ -277,14 +277,15 @@ def task_mix(task: str) -> list[str]:
 
 
 def build_task_mix(tokenizer, task: str, n: int, input_tokens: int, seed: int, split: str | None, bar=None,
-                   source_dir: str | Path | None = None) -> list[Task]:
+                   source_dir: str | Path | None = None, **lengths) -> list[Task]:
     """``n`` tasks cycling through the comma-separated families (low,high -> low, high, low, ...), from the standard
-    library's ``split`` or from ``source_dir`` (as :func:`build_tasks`); ``bar`` (tqdm) advances once per family."""
+    library's ``split`` or from ``source_dir`` (as :func:`build_tasks`, which ``lengths`` go to:
+    ``reference_tokens``, ``min_reference_tokens``); ``bar`` (tqdm) advances once per family."""
     fams = [f.strip() for f in task.split(",") if f.strip()]
     per = {}
     for f in task_mix(task):
         per[f] = build_tasks(tokenizer, f, n=-(-n // len(fams)), input_tokens=input_tokens, seed=seed, split=split,
-                             source_dir=source_dir)
+                             source_dir=source_dir, **lengths)
         if bar is not None:
             bar.update()
     return [per[fams[i % len(fams)]][i // len(fams)] for i in range(n)]

@@ -19,7 +19,7 @@ from ..layout import CacheLayout
 from ..rounds import entropy, sampling_probs, token_probs
 from ..signals import RUNWAY_CAP
 from ..speculative import Decoding
-from .rows import RowPass, dense_pass, selections
+from .rows import Dense, RowPass, dense_pass, selections
 from .table import FORMAT, ReplayTable, fingerprint, layout_dict
 
 
@@ -90,13 +90,13 @@ class SpeculateWhilePaying:
 @torch.inference_mode()
 def build_table(target, draft, prompt_ids: Sequence[int], layout: CacheLayout, decoding: Decoding,
                 max_new_tokens: int, eos_token_id: int | None = None, names: tuple[str, str] = ("", ""),
-                rows_per_batch: int = 16, progress: bool = False, tokens: Sequence[int] | None = None) -> ReplayTable:
+                rows_per_batch: int = 16, progress: bool = False, tokens: Sequence[int] | None = None,
+                p: Sequence[float] | None = None) -> ReplayTable:
     """The replay table of one prompt (``rift_ada.replay.table``): ``draft`` (``target`` for self-speculation) under
     ``layout`` (its ``refresh_grid`` is the table's grid), the target emitting with ``decoding``'s temperature,
     top-k, top-p and seed. ``names``: how the target and draft were named (kept beside their fingerprints).
-    ``tokens``: a continuation the target emitted already (e.g. a real decode's output), instead of decoding one."""
-    from tqdm.auto import tqdm
-
+    ``tokens``: a continuation the target emitted already (e.g. a real decode's output), instead of decoding one;
+    ``p``: the target's probability of each of them (:func:`target_probs`), instead of a target pass."""
     prompt_ids = list(prompt_ids)
     P, grid = len(prompt_ids), layout.refresh_grid
     check_layout(layout, P)
@@ -111,16 +111,52 @@ def build_table(target, draft, prompt_ids: Sequence[int], layout: CacheLayout, d
         raise ValueError(f"the continuation has {N} token(s): a table needs at least 2 (raise max_new_tokens)")
     device = target.device
     ids = torch.tensor([prompt_ids + tokens], device=device)
+    t0 = time.perf_counter()
+    p = target_probs(target, ids, P, decoding) if p is None else torch.as_tensor(p, device=device).float()
+    seconds["target_p"] = time.perf_counter() - t0
+    return _draft_table(draft, ids, P, p, layout, decoding, max_new_tokens, eos_token_id,
+                        {"target": fingerprint(target), "target_name": names[0], "draft_name": names[1]},
+                        seconds, rows_per_batch, progress)
+
+
+@torch.inference_mode()
+def target_probs(target, ids: torch.Tensor, prompt_len: int, decoding: Decoding) -> torch.Tensor:
+    """The target's probability of each continuation token in ``ids`` (1, prompt + N) under ``decoding``'s
+    sampling (one teacher-forced pass; all ones when greedy)."""
+    N = ids.shape[1] - prompt_len
+    if decoding.temperature == 0:
+        return torch.ones(N, device=ids.device)
+    logits = target(ids, position_ids=torch.arange(ids.shape[1], device=ids.device)[None], use_cache=False,
+                    logits_to_keep=N + 1).logits[0, :N].float()  # position P - 1 + u predicts token u
+    return token_probs(logits, ids[0, prompt_len:], decoding.temperature, decoding.top_k, decoding.top_p)
+
+
+@torch.inference_mode()
+def derive_table(draft, base: ReplayTable, layout: CacheLayout, draft_name: str = "", dense: Dense | None = None,
+                 rows_per_batch: int = 16, progress: bool = False) -> ReplayTable:
+    """The table of ``base``'s prompt and continuation (its target and p too) for another draft cache ``layout``
+    (another budget) or another ``draft`` (the target itself, for self-speculation): no decode, no target pass.
+    ``dense``: the draft's :func:`dense_pass` over the same tokens, if computed already."""
+    P = base.prompt_len
+    check_layout(layout, P)
+    h = base.header
+    decoding = Decoding(temperature=h["temperature"], top_k=h["top_k"], top_p=h["top_p"], seed=h["seed"])
+    ids = torch.tensor([base.prompt.tolist() + base.tokens.tolist()], device=draft.device)
+    p = torch.as_tensor(base.p, device=draft.device)
+    return _draft_table(draft, ids, P, p, layout, decoding, h["max_new_tokens"], h["eos_token_id"],
+                        {"target": h["target"], "target_name": h["target_name"], "draft_name": draft_name},
+                        {}, rows_per_batch, progress, dense)
+
+
+def _draft_table(draft, ids, P, p, layout, decoding, max_new_tokens, eos_token_id, names, seconds, rows_per_batch,
+                 progress, dense=None) -> ReplayTable:
+    """The draft's part of a table (dense pass, selections, rows) over ``ids`` = prompt + continuation."""
+    from tqdm.auto import tqdm
+
+    grid, N = layout.refresh_grid, ids.shape[1] - P
     x = ids[0, P:]
     t0 = time.perf_counter()
-    p = torch.ones(N, device=device)
-    if decoding.temperature > 0:
-        logits = target(ids, position_ids=torch.arange(ids.shape[1], device=device)[None], use_cache=False,
-                        logits_to_keep=N + 1).logits[0, :N].float()  # position P - 1 + u predicts token u
-        p = token_probs(logits, x, decoding.temperature, decoding.top_k, decoding.top_p)
-    seconds["target_p"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    dense = dense_pass(draft, ids)
+    dense = dense_pass(draft, ids) if dense is None else dense
     full_logits = dense.logits[P - 1:P - 1 + N]
     full_probs = sampling_probs(full_logits, decoding.temperature, decoding.top_k, decoding.top_p)
     full_q = ((full_logits.argmax(-1) == x).float() if full_probs is None
@@ -140,18 +176,49 @@ def build_table(target, draft, prompt_ids: Sequence[int], layout: CacheLayout, d
                         ("runway", vals.runway), ("drift", vals.drift)):
             out[name][part] = v
     seconds["rows"] = time.perf_counter() - t0
+    prompt_ids = ids[0, :P].tolist()
     header = {
-        "format": FORMAT, "target": fingerprint(target), "draft": fingerprint(draft), "target_name": names[0],
-        "draft_name": names[1], "layout": layout_dict(layout), "temperature": float(decoding.temperature),
-        "top_k": int(decoding.top_k), "top_p": float(decoding.top_p), "seed": int(decoding.seed), "grid": grid,
-        "max_new_tokens": int(max_new_tokens), "eos_token_id": eos_token_id, "vocab_size": draft.config.vocab_size,
-        "prompt_sha": prompt_sha(prompt_ids),
+        "format": FORMAT, **names, "draft": fingerprint(draft), "layout": layout_dict(layout),
+        "temperature": float(decoding.temperature), "top_k": int(decoding.top_k), "top_p": float(decoding.top_p),
+        "seed": int(decoding.seed), "grid": grid, "max_new_tokens": int(max_new_tokens), "eos_token_id": eos_token_id,
+        "vocab_size": draft.config.vocab_size, "prompt_sha": prompt_sha(prompt_ids),
         "initial": initial_signals(draft, ids[:, :P], layout), "build_seconds": seconds,
     }
     header = json.loads(json.dumps(header))  # as a file holds it (tuples are lists), so a loaded one compares equal
-    return ReplayTable(header, np.asarray(prompt_ids, dtype=np.int32), np.asarray(tokens, dtype=np.int32),
+    return ReplayTable(header, np.asarray(prompt_ids, dtype=np.int32), x.cpu().numpy().astype(np.int32),
                        p.float().cpu().numpy(), out["q"], out["entropy"], out["focus"], out["runway"], out["drift"],
                        full_q.float().cpu().numpy(), entropy(full_logits).float().cpu().numpy())
+
+
+def derive_tables(pair, base: ReplayTable, layouts: dict, stem: Path) -> dict:
+    """Tables of ``base``'s prompt and continuation under each of ``layouts`` (key -> layout; keys starting with
+    ``self`` for the target drafting for itself, ``pair.target``, the others for ``pair.draft``), each in
+    ``<stem>.<key>.safetensors``: kept if already there for the same prompt, continuation and layout, else built
+    (:func:`derive_table`; :func:`rift_ada.replay.fixed.fixed_table` for layouts that never refresh), one dense
+    pass per model shared by its tables."""
+    from tqdm.auto import tqdm
+
+    from .fixed import fixed_table
+
+    out, dense = {}, {}
+    for key in tqdm(layouts, desc=f"derived tables of {stem.name}", leave=False):
+        path, layout = stem.with_name(f"{stem.name}.{key}.safetensors"), layouts[key]
+        if path.is_file():
+            t = ReplayTable.load(path)
+            same = json.loads(json.dumps(layout_dict(layout)))  # as a file holds it
+            if (t.header["layout"] == same and t.header["prompt_sha"] == base.header["prompt_sha"]
+                    and (t.tokens == base.tokens).all()):
+                out[key] = t
+                continue
+        name = "self" if key.startswith("self") else "draft"
+        model = pair.target if name == "self" else pair.draft
+        if name not in dense:
+            ids = torch.tensor([base.prompt.tolist() + base.tokens.tolist()], device=model.device)
+            dense = {name: dense_pass(model, ids)}  # one model's pass kept at a time
+        out[key] = (fixed_table(model, base, layout, dense[name]) if layout.kind != "rift"
+                    else derive_table(model, base, layout, name, dense[name]))
+        out[key].save(path)
+    return out
 
 
 def initial_signals(draft, prompt: torch.Tensor, layout: CacheLayout) -> dict:
@@ -200,10 +267,31 @@ class Builder:
     def build(self, pair, spec: TableSpec, folder: Path) -> Path:
         from dataclasses import replace
 
-        table = build_table(pair.target, pair.draft, list(spec.prompt), self.layout,
-                            replace(self.decoding, seed=spec.seed), self.max_new_tokens, pair.tokenizer.eos_token_id,
-                            (self.target, self.drafter))
+        decoding = replace(self.decoding, seed=spec.seed)
+        tokens, p = self.continuation(pair, spec, decoding, folder)
+        table = build_table(pair.target, pair.draft, list(spec.prompt), self.layout, decoding, self.max_new_tokens,
+                            pair.tokenizer.eos_token_id, (self.target, self.drafter), tokens=tokens, p=p)
         return table.save(folder / f"{spec.name}.safetensors")
+
+    def continuation(self, pair, spec: TableSpec, decoding: Decoding, folder: Path) -> tuple[list, np.ndarray]:
+        """The target's continuation of ``spec``'s prompt and its probabilities, stored first in
+        ``<name>.continuation.npz`` (at long contexts the decode is most of a table's time: a build stopped in its
+        rows, or one for another layout, starts from there). Reused only for the same pair, prompt and sampling."""
+        path = folder / f"{spec.name}.continuation.npz"
+        key = json.dumps({**{k: v for k, v in self.expected(pair, spec).items() if k not in ("layout", "grid")},
+                          "draft_length": decoding.draft_length}, sort_keys=True)
+        if path.is_file():
+            with np.load(path) as z:
+                if str(z["key"]) == key:
+                    return z["tokens"].tolist(), z["p"]
+        tokens = continuation(pair.target, pair.draft, list(spec.prompt), self.max_new_tokens, decoding,
+                              pair.tokenizer.eos_token_id)
+        ids = torch.tensor([list(spec.prompt) + tokens], device=pair.target.device)
+        p = target_probs(pair.target, ids, len(spec.prompt), decoding).float().cpu().numpy()
+        tmp = path.with_name(path.name + ".tmp.npz")
+        np.savez(tmp, key=np.array(key), tokens=np.asarray(tokens, dtype=np.int64), p=p)
+        tmp.replace(path)
+        return tokens, p
 
 
 def prompt_sha(prompt_ids) -> str:

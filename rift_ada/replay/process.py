@@ -163,8 +163,12 @@ def replay_counts(tables, decide, draft_length: int = 11, episodes: int = 8, see
 
 def full_counts(tables, draft_length: int = 11, episodes: int = 8, seed: int = 0) -> dict:
     """The full-cache draft's point over ``tables`` (each table's ``full_q`` row in every row: exact, no selection)."""
-    full = [ReplayTable(**{**t.__dict__, "q": np.broadcast_to(t.full_q, t.q.shape)}) for t in tables]
-    return replay_counts(full, None, draft_length, episodes, seed)
+    return replay_counts([full_table(t) for t in tables], None, draft_length, episodes, seed)
+
+
+def full_table(table: ReplayTable) -> ReplayTable:
+    """``table`` with the full-cache draft's acceptance in every row (replays the full cache exactly)."""
+    return ReplayTable(**{**table.__dict__, "q": np.broadcast_to(table.full_q, table.q.shape)})
 
 
 def table_point(runs: list[Replay]) -> dict:

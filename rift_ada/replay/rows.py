@@ -109,6 +109,12 @@ class RowPass:
         self.plans = [_LayerPlan(layer, g, layer.self_attn.head_dim) for layer in self.inner.layers]
         self.T = ids.shape[1]
         self.W, self.obs = layout.tail_keep, layout.obs_window
+        self.floor = None
+        if layout.tail_limit is None:  # snapkv: nothing evicted, every query sees the prompt's tail and all after it
+            self.W, self.floor = self.T - 1 - prompt_len + layout.tail_keep, prompt_len - layout.tail_keep
+            if self.W > prompt_len:
+                raise ValueError(f"a {layout.kind} row needs a prompt of at least {self.W} tokens (the continuation "
+                                 f"plus {layout.tail_keep}), got {prompt_len}")
         self.temperature, self.top_k, self.top_p, self.block = temperature, top_k, top_p, block
 
     @torch.inference_mode()
@@ -196,6 +202,8 @@ class RowPass:
             s_imp = qb @ imp_k.transpose(-1, -2)  # (R, hkv, g * nb, n)
             s_band = qb @ band_k[:, :, b0:b0 + nb + W].transpose(-1, -2)  # (R, hkv, g * nb, nb + W)
             ok = band_ok if nb == B else ((c[:, :nb + W] >= qi[:nb]) & (c[:, :nb + W] <= qi[:nb] + W)).repeat(g, 1)
+            if self.floor is not None:  # band column c is position s + b0 - W + c
+                ok = ok & (c[:, :nb + W] >= self.floor - s - b0 + W)
             s_band.masked_fill_(~ok, float("-inf"))
             top_s, j = s_imp.max(-1)
             mx = torch.maximum(top_s, s_band.amax(-1))

@@ -1,0 +1,81 @@
+"""experiments/paper_regime.py at a small scale: every file written, the figures consistent with each other and with
+the replay of the same tables, the run resumable, bad input refused in one line."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rift_ada.refresh.rules import ThresholdController
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--input-tokens", "1024", "--reference-tokens", "512", "--max-new-tokens", "96", "--budget", "256",
+         "--budgets", "128", "--prompts", "2", "--temperatures", "0", "1", "--refresh-grid", "8", "--dyn-period", "16",
+         "--periods", "8", "16", "32", "64", "--bin", "32", "--episodes", "4", "--resamples", "200",
+         "--oracle-lams", "1", "4", "--threads", "2"]
+
+
+def run(args, tmp_path, timeout=900):
+    return subprocess.run([sys.executable, str(ROOT / "experiments" / "paper_regime.py"), *args],
+                          env=dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline"), capture_output=True,
+                          text=True, timeout=timeout, cwd=tmp_path)
+
+
+def rows(path):
+    return list(csv.DictReader(open(path)))
+
+
+@pytest.mark.slow
+def test_paper_regime_small_run_writes_consistent_figures_and_resumes(tmp_path):
+    ctrl = tmp_path / "ctrl"
+    ctrl.mkdir()
+    ThresholdController([("acc_mean", "<", 0.5)], min_gap=8).save(ctrl / "controller-threshold.json")
+    res = run([*SMALL, "--self", "--controllers", str(ctrl), "--output-dir", "out"], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = tmp_path / "out"
+    for name in ("staleness.csv", "staleness.png", "retention.csv", "budgets.csv", "budgets.png", "tradeoff-t0.csv",
+                 "tradeoff-t0.png", "tradeoff-t1.csv", "tradeoff-t1.png", "summary.json"):
+        assert (out / name).is_file(), name
+    assert list((out / "wandb").glob("offline-run-*")), "a W&B offline run"
+    retention = rows(out / "retention.csv")
+    whole = {(r["temperature"], r["policy"]): r for r in retention if r["drafter"] == "external"}
+    own = {(r["temperature"], r["policy"]): r for r in retention if r["drafter"] == "self"}
+    for t in ("0.0", "1.0"):
+        # the target drafting for itself with a full cache accepts every token: the rounds' own cap
+        assert float(own[t, "full"]["acceptance_length"]) >= float(whole[t, "full"]["acceptance_length"])
+        assert float(own[t, "rift-stat"]["acceptance_length"]) <= float(own[t, "full"]["acceptance_length"])
+        assert float(whole[t, "full"]["al_vs_full"]) == 1.0
+        assert float(whole[t, "rift-dyn"]["refreshes_per_1k"]) > 0 == float(whole[t, "rift-stat"]["refreshes_per_1k"])
+        trade = {(r["family"], r["knob"]): r for r in rows(out / f"tradeoff-t{t[0]}.csv")}
+        # the same tables replayed two ways: never = rift-stat, periodic at the dyn period = rift-dyn, full = full
+        for fam, knob, policy in (("never", "-", "rift-stat"), ("periodic", "16", "rift-dyn"), ("full", "-", "full")):
+            assert float(trade[fam, knob]["acceptance_length"]) == pytest.approx(
+                float(whole[t, policy]["acceptance_length"]), rel=1e-6), (t, fam)
+        assert "threshold" in {f for f, _ in trade} and "oracle" in {f for f, _ in trade}
+    budgets = {(r["temperature"], r["policy"], r["budget"]): r for r in rows(out / "budgets.csv")}
+    assert float(budgets["0.0", "rift-stat", "256"]["acceptance_length"]) == pytest.approx(
+        float(whole["0.0", "rift-stat"]["acceptance_length"]))
+    assert ("0.0", "rift-dyn", "128") in budgets and not any(t == "1.0" for t, _, _ in budgets)
+    bins = [r for r in rows(out / "staleness.csv")
+            if (r["temperature"], r["drafter"], r["policy"]) == ("0.0", "external", "window")]
+    assert [int(r["bin_start"]) for r in bins] == [0, 32, 64]
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["staleness"]) == 4 and all("SnapKV prefill-only minus window" in s for s in summary["staleness"])
+    tables = sorted((out / "tables-t0").glob("*.safetensors"))
+    assert len(tables) == 2 * 7  # per prompt: the main table, snapkv, window, budget 128, and the target's three
+    stamps = [p.stat().st_mtime_ns for p in tables]
+    again = run([*SMALL, "--self", "--controllers", str(ctrl), "--output-dir", "out"], tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [p.stat().st_mtime_ns for p in tables] == stamps, "a second run reuses every table"
+    assert rows(out / "retention.csv") == retention
+
+
+def test_paper_regime_refuses_bad_input_in_one_line(tmp_path):
+    for args, msg in ((["--budget", "40000"], "every budget must be below --input-tokens"),
+                      (["--periods", "0"], "--periods must be >= 1")):
+        res = run(args + ["--prompts", "1", "--temperatures", "0"], tmp_path, timeout=120)
+        assert res.returncode == 2 and msg in res.stderr and "Traceback" not in res.stderr, res.stderr

@@ -195,7 +195,7 @@ def main(argv=None) -> int:
     seconds["analysis"] = time.time() - t0 - seconds["tables"]
     summary = {"options": vars(args), "prompt_tokens": [len(p) for p in prompts], "retention": whole, "bins": bins,
                "budgets": budgets, "staleness": [regime.staleness_statement(bins, s) for s in settings],
-               "tradeoff": {f"{k:g}": v["families"] for k, v in trade.items()}, "seconds": seconds}
+               "tradeoff": {f"{k:g}": v for k, v in trade.items()}, "seconds": seconds}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     log_wandb(args, out, summary, trade)
     report(summary, whole, trade, args)

@@ -65,11 +65,14 @@ def runs(tables, controller, r: Replays) -> list[list]:
 
 
 def policy_runs(s: Setting, policy: str, r: Replays, budget: int | None = None) -> list[list]:
-    tables = {"full": None, "snapkv": s.fixed.get("snapkv"), "window": s.fixed.get("window")}.get(policy, s.main)
+    """A staleness policy's replays: the full cache, a cache that never refreshes, or rift (never refreshed: stat;
+    every ``r.period`` tokens: dyn) at the main budget or ``budget``."""
     if policy == "full":
         tables = [full_table(t) for t in s.main]
-    elif budget is not None:
-        tables = s.budgets[budget]
+    elif policy in ("snapkv", "window"):
+        tables = s.fixed[policy]
+    else:
+        tables = s.main if budget is None else s.budgets[budget]
     return runs(tables, PeriodicController(r.period) if policy == "rift-dyn" else None, r)
 
 

@@ -8,9 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rift_ada.refresh.rules import ThresholdController
+from rift_ada.replay import ReplayTable
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--input-tokens", "1024", "--reference-tokens", "512", "--max-new-tokens", "96", "--budget", "256",
@@ -72,6 +74,17 @@ def test_paper_regime_small_run_writes_consistent_figures_and_resumes(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert [p.stat().st_mtime_ns for p in tables] == stamps, "a second run reuses every table"
     assert rows(out / "retention.csv") == retention
+    # another layout of the same prompts: the stored continuation is reused, only the rows are computed again
+    cont = sorted((out / "tables-t0").glob("*.continuation.npz"))
+    cont_stamps = [p.stat().st_mtime_ns for p in cont]
+    third = run([*SMALL, "--temperatures", "0", "--lookahead", "32", "--budgets", "--output-dir", "out"], tmp_path)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert len(cont) == 2 and [p.stat().st_mtime_ns for p in cont] == cont_stamps
+    for path in (p for p in tables if p.name.count(".") == 1):  # the main tables, rebuilt with the new layout
+        table = ReplayTable.load(path)
+        assert table.header["layout"]["lookahead"] == 32
+        with np.load(path.with_name(path.stem + ".continuation.npz")) as z:
+            assert (z["tokens"] == table.tokens).all()
 
 
 def test_paper_regime_refuses_bad_input_in_one_line(tmp_path):

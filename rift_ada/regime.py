@@ -14,15 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .refresh import PeriodicController
-from .refresh.base import refresh_wanted
 from .replay.fixed import al_by_position
-from .replay.process import full_table, replay
+from .replay.process import full_table, table_replays
 
 STALENESS = ("full", "snapkv", "window", "rift-stat", "rift-dyn")
-NOTES = {"full": "every token", "snapkv": "prefill selection + every generated token (grows)",
-         "window": "4 sinks + the most recent tokens", "rift-stat": "prefill selection (half) + window (half)",
-         "rift-dyn": "rescored from the backing store every --dyn-period tokens + window"}
-
 
 @dataclass
 class Setting:
@@ -52,18 +47,6 @@ class Replays:
     period: int = 256
 
 
-def runs(tables, controller, r: Replays) -> list[list]:
-    """Per table its replays under ``controller`` (None: never refresh), seeded per table as ``replay_counts``."""
-    def decide(rep):
-        return refresh_wanted(controller, rep.state)
-
-    out = []
-    for i, t in enumerate(tables):
-        rng = np.random.default_rng(r.seed + i)
-        out.append([replay(t, decide, r.k, rng) for _ in range(1 if t.temperature == 0 else r.episodes)])
-    return out
-
-
 def policy_runs(s: Setting, policy: str, r: Replays, budget: int | None = None) -> list[list]:
     """A staleness policy's replays: the full cache, a cache that never refreshes, or rift (never refreshed: stat;
     every ``r.period`` tokens: dyn) at the main budget or ``budget``."""
@@ -73,7 +56,8 @@ def policy_runs(s: Setting, policy: str, r: Replays, budget: int | None = None) 
         tables = s.fixed[policy]
     else:
         tables = s.main if budget is None else s.budgets[budget]
-    return runs(tables, PeriodicController(r.period) if policy == "rift-dyn" else None, r)
+    return table_replays(tables, PeriodicController(r.period) if policy == "rift-dyn" else None, r.k, r.episodes,
+                         r.seed)
 
 
 def interval(values, r: Replays, ratio_to=None):

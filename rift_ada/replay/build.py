@@ -15,6 +15,7 @@ import torch
 
 from ..architectures import UnsupportedModelError
 from ..cache import RiftCache
+from ..files import atomic_write
 from ..layout import CacheLayout
 from ..rounds import entropy, sampling_probs, token_probs
 from ..signals import RUNWAY_CAP
@@ -203,13 +204,12 @@ def derive_tables(pair, base: ReplayTable, layouts: dict, stem: Path) -> dict:
     out, dense = {}, {}
     for key in tqdm(layouts, desc=f"derived tables of {stem.name}", leave=False):
         path, layout = stem.with_name(f"{stem.name}.{key}.safetensors"), layouts[key]
-        if path.is_file():
-            t = ReplayTable.load(path)
-            same = json.loads(json.dumps(layout_dict(layout)))  # as a file holds it
-            if (t.header["layout"] == same and t.header["prompt_sha"] == base.header["prompt_sha"]
-                    and (t.tokens == base.tokens).all()):
-                out[key] = t
-                continue
+        expected = {"layout": layout_dict(layout), **{k: base.header[k] for k in ("target", "temperature", "seed",
+                                                                                "prompt_sha")}}
+        t = stored(path, expected)
+        if t is not None and (t.tokens == base.tokens).all():
+            out[key] = t
+            continue
         name = "self" if key.startswith("self") else "draft"
         model = pair.target if name == "self" else pair.draft
         if name not in dense:
@@ -288,9 +288,8 @@ class Builder:
                               pair.tokenizer.eos_token_id)
         ids = torch.tensor([list(spec.prompt) + tokens], device=pair.target.device)
         p = target_probs(pair.target, ids, len(spec.prompt), decoding).float().cpu().numpy()
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, key=np.array(key), tokens=np.asarray(tokens, dtype=np.int64), p=p)
-        tmp.replace(path)
+        atomic_write(path, lambda tmp: np.savez(tmp, key=np.array(key), tokens=np.asarray(tokens, dtype=np.int64),
+                                                p=p))
         return tokens, p
 
 
@@ -298,16 +297,16 @@ def prompt_sha(prompt_ids) -> str:
     return hashlib.sha256(np.asarray(list(prompt_ids), dtype=np.int64).tobytes()).hexdigest()[:16]
 
 
-def stored(path: Path, expected: dict) -> bool:
-    """Whether ``path`` holds a table with the ``expected`` header fields (a resumed build keeps it)."""
+def stored(path: Path, expected: dict) -> ReplayTable | None:
+    """The table ``path`` holds if it has the ``expected`` header fields (a resumed build keeps it), else None."""
     if not path.is_file():
-        return False
+        return None
     try:
         table = ReplayTable.load(path)
         table.check(**expected)
     except ValueError:
-        return False
-    return True
+        return None
+    return table
 
 
 def build_tables(builder: Builder, specs: Sequence[TableSpec], folder, pair=None, workers: int = 1,

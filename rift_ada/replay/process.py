@@ -144,21 +144,26 @@ def replay(table: ReplayTable, decide, draft_length: int = 11, rng: np.random.Ge
 
 def replay_counts(tables, decide, draft_length: int = 11, episodes: int = 8, seed: int = 0) -> dict:
     """A schedule's point on a tradeoff curve over ``tables`` (the keys ``rift_ada.sweep.counts`` gives an
-    evaluation). ``decide``: a controller (deciding on the signals; None: never) or a function of the Replay; each
-    table replayed ``episodes`` times when sampling (once greedy), its AL and counts averaged over them; AL then
-    averaged over tables, counts summed."""
+    evaluation): :func:`table_replays`, each table's AL and counts averaged over its replays; AL then averaged over
+    tables, counts summed."""
+    return merge_tables([table_point(runs) for runs in table_replays(tables, decide, draft_length, episodes, seed)])
+
+
+def table_replays(tables, decide, draft_length: int = 11, episodes: int = 8, seed: int = 0) -> list[list[Replay]]:
+    """Each table's finished replays: ``episodes`` when sampling (once greedy), drawn from a generator seeded
+    ``seed`` + the table's index. ``decide``: a controller (deciding on the signals; None: never) or a function of
+    the Replay."""
     from ..refresh.base import refresh_wanted
 
     if decide is None or hasattr(decide, "decide"):  # a controller (None: never refresh) reads the signals
         fn = lambda r: refresh_wanted(decide, r.state)  # noqa: E731
     else:
         fn = decide
-    per = []
+    out = []
     for i, table in enumerate(tables):
         rng = np.random.default_rng(seed + i)
-        per.append(table_point([replay(table, fn, draft_length, rng)
-                                for _ in range(1 if table.temperature == 0 else episodes)]))
-    return merge_tables(per)
+        out.append([replay(table, fn, draft_length, rng) for _ in range(1 if table.temperature == 0 else episodes)])
+    return out
 
 
 def full_counts(tables, draft_length: int = 11, episodes: int = 8, seed: int = 0) -> dict:

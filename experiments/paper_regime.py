@@ -5,10 +5,11 @@
 
 Prompts: the ``--task`` family (default ``low``: copy what the prompt holds) from ``--source-dir`` (default pip, never
 trained or tuned on). Per prompt and temperature a replay table (``rift_ada.replay``: the target's continuation once,
-the draft teacher-forced after every refresh time on a grid of ``--refresh-grid``), then from the same continuation
-the caches that never refresh (SnapKV's prefill selection, a sliding window), rift tables at the other ``--budgets``
-(first temperature only) and, with ``--self``, the target drafting for itself. Every file is a unit: a stopped run
-resumes (``--output-dir``). From the tables (``rift_ada.regime``), each a CSV and a PNG:
+the draft teacher-forced after every refresh time on a grid of ``--refresh-grid``, a selection reaching
+``--lookahead`` past what its queries attended), then from the same continuation the caches that never refresh
+(SnapKV's prefill selection, a sliding window), rift tables at the other ``--budgets`` (first temperature only) and,
+with ``--self``, the target drafting for itself. Every file is a unit: a stopped run resumes (``--output-dir``).
+From the tables (``rift_ada.regime``), each a CSV and a PNG:
 - ``staleness``: AL per ``--bin`` tokens of the generation for full, snapkv, window, rift-stat and rift-dyn
   (every ``--dyn-period`` tokens); ``retention.csv``: each over the whole generation against the same draft's full
   cache, with refreshes per 1K tokens; ``budgets``: rift-stat and rift-dyn at every budget;
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from rift_ada.cli import (ArgumentParser, add_model_options, add_runtime_options, apply_runtime, fail,
                           require_positive)
+from rift_ada.layout import covering_lookahead
 
 
 def parse_args(argv=None):
@@ -40,22 +42,19 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="task and sampling seed")
     p.add_argument("--input-tokens", type=int, default=32768)
     p.add_argument("--reference-tokens", type=int, default=4096,
-                   help="tokens of the file a low prompt asks to copy (at most; files with half that qualify; "
-                        "default %(default)s). Past its end the copy runs on: docs/paper-regime.md")
+                   help="tokens of the file a low prompt copies (at most; half qualify). docs/paper-regime.md")
     p.add_argument("--max-new-tokens", type=int, default=4096)
     p.add_argument("--budget", type=int, default=8192, help="the draft cache's budget in tokens (default %(default)s)")
     p.add_argument("--budgets", type=int, nargs="*", default=[2048, 4096, 16384],
-                   help="other budgets for the AL-by-budget figure (external draft, rift-stat and rift-dyn, at the "
-                        "first --temperatures value)")
+                   help="other budgets for the AL-by-budget figure (rift-stat and rift-dyn, first --temperatures)")
     p.add_argument("--draft-length", type=int, default=11, help="k (default %(default)s)")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     p.add_argument("--self", dest="self_spec", action="store_true",
                    help="also the target drafting for itself under the same budget (self-speculation)")
     p.add_argument("--refresh-grid", type=int, default=64, help="the tables' refresh grid (default %(default)s)")
-    p.add_argument("--lookahead", type=int, default=64,
-                   help="how far past what recent queries attend a rift selection keeps (default %(default)s, the "
-                        "layout's, as the main job's controllers met it; docs/paper-regime.md measures budget / 4); "
-                        "SnapKV's baseline keeps none")
+    p.add_argument("--lookahead", type=int, default=None,
+                   help="how far past what recent queries attend a rift selection keeps (default: enough to cover "
+                        "--dyn-period on the grid, layout.covering_lookahead: 256); SnapKV's baseline keeps none")
     p.add_argument("--dyn-period", type=int, default=64, help="rift-dyn's refresh period in tokens")
     p.add_argument("--periods", type=int, nargs="+", default=[64, 128, 256, 512, 1024, 2048])
     p.add_argument("--controllers", default="runs/controller",
@@ -70,10 +69,12 @@ def parse_args(argv=None):
     p.add_argument("--wandb-mode", default="offline", choices=["offline", "online", "disabled"])
     add_runtime_options(p, threads=2)
     args = p.parse_args(argv)
-    if args.lookahead < 0:
-        p.error("--lookahead must be >= 0")
     require_positive(p, args, ["prompts", "input_tokens", "reference_tokens", "max_new_tokens", "budget",
                                "draft_length", "refresh_grid", "dyn_period", "episodes", "bin", "resamples"])
+    if args.lookahead is None:
+        args.lookahead = covering_lookahead(args.dyn_period, args.refresh_grid, args.draft_length)
+    elif args.lookahead < 0:
+        p.error("--lookahead must be >= 0")
     if any(b < 1 for b in args.budgets + args.periods) or any(x < 0 for x in args.oracle_lams + args.temperatures):
         p.error("--budgets and --periods must be >= 1, --oracle-lams and --temperatures >= 0")
     if args.budget >= args.input_tokens or any(b >= args.input_tokens for b in args.budgets):
@@ -151,12 +152,11 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         apply_runtime(args)
+        from rift_ada.data import build_task_mix, encode_prompts
+        from rift_ada.models import load_pair
         from rift_ada.refresh import load_controller
 
         learned = {f.stem.removeprefix("controller-"): load_controller(f) for f in controller_files(args.controllers)}
-        from rift_ada.data import build_task_mix, encode_prompts
-        from rift_ada.models import load_pair
-
         pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype)
         ref = {"reference_tokens": args.reference_tokens, "min_reference_tokens": args.reference_tokens // 2}
         prompts = encode_prompts(pair.tokenizer, build_task_mix(pair.tokenizer, args.task, args.prompts,

@@ -30,24 +30,27 @@ def main(argv=None) -> int:
     p.add_argument("--output", default=None, help="also write every number here (JSON)")
     add_runtime_options(p)
     args = p.parse_args(argv)
-    rows = []
+    rows, refs = [], None
     try:
         apply_runtime(args)
         check_output(args.output)
         policies = {name: policy_from_args(args, name, period=args.period if name == "rift-dyn" else None)
                     for name in POLICIES}
         from rift_ada.data import encode_prompts
-        from rift_ada.evaluate import evaluate
+        from rift_ada.evaluate import evaluate, greedy_references
         from rift_ada.models import load_pair
         from rift_ada.speculative import SpeculativeDecoder
 
         for drafter in args.drafters:
             pair = load_pair(args.target, drafter, device=args.device, dtype=args.dtype)
             prompts = encode_prompts(pair.tokenizer, tasks_from_args(args, pair.tokenizer))
+            if refs is None and args.temperature == 0:  # the target's own output: one per prompt for every cell
+                refs = greedy_references(pair.target, prompts, args.max_new_tokens, pair.tokenizer.eos_token_id,
+                                         progress="target greedy")
             for name, policy in policies.items():
                 dec = SpeculativeDecoder.for_pair(pair, policy.layout, decoding_from_args(args))
                 ev = evaluate(dec, prompts, policy.controller, args.max_new_tokens,
-                              greedy_check=args.temperature == 0, progress=f"{drafter} {name}")
+                              greedy_check=args.temperature == 0, progress=f"{drafter} {name}", references=refs)
                 rows.append({"drafter": drafter, "policy": name, "budget": policy.layout.budget, **ev.summary})
                 print(f"{drafter:>8} {name:>10}: AL {ev.summary['acceptance_length']:.3f}", file=sys.stderr)
     except (ValueError, FileNotFoundError, RuntimeError) as e:  # ModelLoadError is a RuntimeError

@@ -46,6 +46,16 @@ class Evaluation:
     rows: list[dict] = field(default_factory=list)  # per prompt: AL, refreshes, tokens (and the greedy match)
 
 
+def greedy_references(target, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_token_id: int | None = None,
+                      progress: bool | str = False) -> list[list[int]]:
+    """The target's own greedy output for each prompt (``models.greedy_reference``): ``evaluate(references=...)``."""
+    from .models import greedy_reference
+
+    desc = progress if isinstance(progress, str) else "greedy references"
+    return [greedy_reference(target, list(ids), max_new_tokens, eos_token_id)
+            for ids in tqdm(prompts, desc=desc, disable=not progress)]
+
+
 def decode(decoder: SpeculativeDecoder, prompt_ids: Sequence[int], max_new_tokens: int,
            controller=None, on_tokens=None) -> DecodeResult:
     """Decode one prompt to the end, ``controller`` (``rift_ada.refresh``) deciding each round's refresh from the
@@ -65,9 +75,12 @@ def decode(decoder: SpeculativeDecoder, prompt_ids: Sequence[int], max_new_token
 
 
 def evaluate(decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]], controller=None,
-             max_new_tokens: int = 256, greedy_check: bool = False, progress: bool | str = False) -> Evaluation:
+             max_new_tokens: int = 256, greedy_check: bool = False, progress: bool | str = False,
+             references: Sequence[Sequence[int]] | None = None) -> Evaluation:
     """Decode every prompt with ``decoder``; ``controller`` (``rift_ada.refresh``) decides refreshes, None never.
-    ``greedy_check`` compares each output with the target's own greedy ``generate`` (greedy decoding only).
+    ``greedy_check`` compares each output with the target's own greedy ``generate`` (greedy decoding only);
+    ``references``, one per prompt, are those outputs computed once (``greedy_references``) for several evaluations
+    of one target, where a long prompt's reference costs as much as a decode.
 
     Under torchrun, once ``rift_ada.distributed.init`` has joined the process group, each process decodes its shard
     of ``prompts`` (every process must call this with the same prompts and settings) and every process returns the
@@ -76,6 +89,8 @@ def evaluate(decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]], cont
 
     if greedy_check and decoder.temperature != 0:
         raise ValueError("the greedy check needs temperature 0")
+    if references is not None and len(references) != len(prompts):
+        raise ValueError(f"{len(references)} greedy references for {len(prompts)} prompts")
     desc = progress if isinstance(progress, str) else "evaluate"
     decoded = []  # (prompt index, (result, row)) for this process's shard: all prompts in a single process
     for i, ids in tqdm(distributed.shard(prompts), desc=desc, disable=not progress or not distributed.is_main()):
@@ -84,7 +99,8 @@ def evaluate(decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]], cont
             row = {"prompt": i, "prompt_tokens": len(ids), "acceptance_length": acceptance_length(res.rounds),
                    "refreshes": res.refreshes, "generated_tokens": len(res.tokens)}
             if greedy_check:
-                ref = greedy_reference(decoder.target, list(ids), max_new_tokens, decoder.eos_token_id)
+                ref = (list(references[i]) if references is not None
+                       else greedy_reference(decoder.target, list(ids), max_new_tokens, decoder.eos_token_id))
                 row["target_greedy_match"] = ref == res.tokens
         decoded.append((i, (res, row)))
     gathered = distributed.gather(decoded)  # every process's shard, in prompt order

@@ -127,3 +127,16 @@ class CacheLayout:
             grid = f", refresh grid {self.refresh_grid}" if self.refresh_grid > 1 else ""
             return f"rift (budget {self.budget}: {self.n_imp} importance + {self.tail_keep} window{grid})"
         return f"{self.kind} (budget {self.budget})"
+
+
+def covering_lookahead(period: int, refresh_grid: int = 1, draft_length: int = 11) -> int:
+    """The smallest power of two of tokens a periodic refresh's selection must reach past what its queries attended,
+    so that a copy never outruns it before the next refresh: the scoring point lies up to ``refresh_grid - 1``
+    tokens before the refresh, the next refresh comes ``period`` tokens after it, and the round that crosses it
+    drafts up to ``draft_length`` more. With less, a copying draft falls off its selection each period and
+    rejects once per token until the refresh (docs/paper-regime.md: 73% of the AL lost at 32K with 64 where this
+    gives 256)."""
+    for name, v in (("period", period), ("refresh grid", refresh_grid), ("draft length", draft_length)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    return 1 << (refresh_grid - 1 + period + draft_length - 1).bit_length()

@@ -3,6 +3,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from rift_ada.evaluate import build_parser, run
 
 ENV = dict(os.environ, HF_HUB_OFFLINE="1")
@@ -53,3 +55,25 @@ def test_evaluate_cli_prints_json():
                          env=ENV, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["policy"] == "window"
+
+
+def test_precomputed_references_stand_for_the_targets_own_output():
+    """evaluate(references=...) compares with the given outputs instead of decoding the target again: the target's
+    own outputs match, and a reference changed in one token is caught."""
+    from rift_ada.evaluate import evaluate, greedy_references
+    from rift_ada.speculative import SpeculativeDecoder
+
+    from conftest import cached_testbed_pair, policy_of, train_prompts
+
+    pair = cached_testbed_pair("testbed")
+    prompts = [list(p) for p in train_prompts(2, 1024)]
+    refs = greedy_references(pair.target, prompts, 24, pair.tokenizer.eos_token_id)
+    policy = policy_of("rift-dyn", 128, period=16)
+    dec = SpeculativeDecoder(pair.target, pair.draft, policy.layout, eos_token_id=pair.tokenizer.eos_token_id)
+    assert evaluate(dec, prompts, policy.controller, 24, greedy_check=True, references=refs).rows[1][
+        "target_greedy_match"]
+    wrong = [refs[0], refs[1][:-1] + [(refs[1][-1] + 1) % pair.tokenizer.vocab_size]]
+    ev = evaluate(dec, prompts, policy.controller, 24, greedy_check=True, references=wrong)
+    assert [r["target_greedy_match"] for r in ev.rows] == [True, False]
+    with pytest.raises(ValueError, match="1 greedy references for 2 prompts"):
+        evaluate(dec, prompts, None, 24, greedy_check=True, references=refs[:1])

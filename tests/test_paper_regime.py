@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rift_ada.layout import covering_lookahead
 from rift_ada.refresh.rules import ThresholdController
 from rift_ada.replay import ReplayTable
 
@@ -70,6 +71,8 @@ def test_paper_regime_small_run_writes_consistent_figures_and_resumes(tmp_path):
     tables = sorted((out / "tables-t0").glob("*.safetensors"))
     assert len(tables) == 2 * 7  # per prompt: the main table, snapkv, window, budget 128, and the target's three
     stamps = [p.stat().st_mtime_ns for p in tables]
+    # no --lookahead: the selection covers a dyn period on the grid (7 stale + 16 + k 11 = 34 tokens: 64)
+    assert ReplayTable.load(tables[0]).header["layout"]["lookahead"] == covering_lookahead(16, 8, 11) == 64
     again = run([*SMALL, "--self", "--controllers", str(ctrl), "--output-dir", "out"], tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert [p.stat().st_mtime_ns for p in tables] == stamps, "a second run reuses every table"
@@ -89,6 +92,17 @@ def test_paper_regime_small_run_writes_consistent_figures_and_resumes(tmp_path):
 
 def test_paper_regime_refuses_bad_input_in_one_line(tmp_path):
     for args, msg in ((["--budget", "40000"], "every budget must be below --input-tokens"),
-                      (["--periods", "0"], "--periods must be >= 1")):
+                      (["--periods", "0"], "--periods must be >= 1"), (["--lookahead", "-1"], "--lookahead must be")):
         res = run(args + ["--prompts", "1", "--temperatures", "0"], tmp_path, timeout=120)
         assert res.returncode == 2 and msg in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_covering_lookahead_reaches_the_next_refresh():
+    """Stale by up to grid - 1 tokens at a refresh, period tokens to the next, k more in the round that crosses it:
+    the smallest power of two at or past that sum."""
+    assert covering_lookahead(64, 64, 11) == 256  # the paper regime: 63 + 64 + 11 = 138
+    assert covering_lookahead(53, 1, 11) == 64 and covering_lookahead(54, 1, 11) == 128  # 64 exactly, then 65
+    assert covering_lookahead(16, 8, 11) == 64  # the main job's grid and a short period: the layout's default
+    for bad in ((0, 1, 11), (64, 0, 11), (64, 1, True)):
+        with pytest.raises(ValueError, match="positive integer"):
+            covering_lookahead(*bad)

@@ -19,7 +19,7 @@ from rift_ada.refresh import NeverController, PeriodicController
 from rift_ada.refresh.base import refresh_wanted
 from rift_ada.replay import ReplayTable
 from rift_ada.replay.oracle import OracleSchedule, oracle_rounds, solve
-from rift_ada.replay.process import Replay, replay_counts
+from rift_ada.replay.process import Replay, on_grid, replay_counts
 from rift_ada.speculative import Decoding, SpeculativeDecoder
 from tests.conftest import cached_testbed_pair
 
@@ -265,6 +265,35 @@ def test_replay_counts_matches_the_replays():
     rounds, _ = replayed(tab, PeriodicController(8))
     assert c["acceptance_length"] == pytest.approx(np.mean([a + 1 for _, a, _ in rounds]))
     assert c["refreshes"] == sum(r for *_, r in rounds)
+
+
+def test_periodic_on_the_grid_refreshes_at_each_grid_point_it_passes():
+    """on_grid(P) on a grid-G table refreshes at the first round past each multiple of P, onto the grid point just
+    passed: with P = G every round runs on the row of its own grid cell. PeriodicController(G) counts from its own
+    round and falls behind the grid; nonsense is refused."""
+    tab = table(0)
+    G = tab.grid
+    for period in (G, 2 * G):
+        r = Replay(tab, 4)
+        r.reset()
+        decide, last = on_grid(period), 0
+        while not r.done:
+            before = r.length - r.P
+            rec = r.step(decide(r))
+            assert rec.refreshed == (before // period > last)  # once per multiple passed, at the first round past it
+            last = before // period
+            if rec.refreshed or period == G:
+                assert rec.row == before // G
+        assert r.refreshes >= 3
+    periodic = Replay(tab, 4)
+    periodic.reset()
+    lag = []
+    while not periodic.done:
+        before = periodic.length - periodic.P
+        lag.append(before // G - periodic.step(refresh_wanted(PeriodicController(G), periodic.state)).row)
+    assert min(lag) >= 0 and max(lag) >= 1
+    with pytest.raises(ValueError, match="positive integer"):
+        on_grid(0)
 
 
 def test_build_tables_resumes_and_the_cli_shows(tmp_path):

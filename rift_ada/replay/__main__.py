@@ -8,7 +8,8 @@
 in ``--output-dir`` as ``table-<prompt>-s<seed>.safetensors``, with a progress bar, in ``--workers`` processes or
 shared out under torchrun; tables already there with the same models, settings, prompt and seed are kept, so an
 interrupted build resumes. ``show`` prints a table's provenance and the replayed acceptance length of the full
-cache, never refreshing, periodic refresh and the oracle.
+cache, never refreshing, periodic refresh (counted from each refresh, and on the grid: ``process.on_grid``) and the
+oracle.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def show(args) -> int:
     from ..layout import CacheLayout
     from ..refresh import PeriodicController
     from .oracle import oracle_counts
-    from .process import full_counts, replay_counts
+    from .process import full_counts, on_grid, replay_counts
     from .table import ReplayTable
 
     table = ReplayTable.load(args.table)
@@ -94,6 +95,7 @@ def show(args) -> int:
     full_al = full_counts([table], k)["acceptance_length"]
     rows = {"never": replay_counts([table], None, k)}
     rows.update({f"periodic {n}": replay_counts([table], PeriodicController(n), k) for n in args.periods})
+    rows.update({f"periodic {n} on grid": replay_counts([table], on_grid(n), k) for n in args.periods})
     rows[f"oracle {args.price:g}"] = oracle_counts([table], k, args.price)
     h = table.header
     out = {"header": {key: v for key, v in h.items()}, "prompt_tokens": table.prompt_len,
@@ -107,9 +109,9 @@ def show(args) -> int:
           f"rows (grid {table.grid}), T = {table.temperature:g}, seed {h['seed']}")
     print(f"target {h['target_name'] or '?'} ({h['target']}), draft {h['draft_name'] or '?'} ({h['draft']}), layout "
           f"{CacheLayout(**h['layout']).describe()}; built in {sum(h['build_seconds'].values()):.1f} s")
-    print(f"{'full cache':>14}: AL {full_al:.3f}")
+    print(f"{'full cache':>22}: AL {full_al:.3f}")
     for name, r in out["replayed"].items():
-        print(f"{name:>14}: AL {r['acceptance_length']:.3f}, {r['refreshes_per_1k']:.1f} refreshes per 1K")
+        print(f"{name:>22}: AL {r['acceptance_length']:.3f}, {r['refreshes_per_1k']:.1f} refreshes per 1K")
     return 0
 
 

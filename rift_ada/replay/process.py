@@ -142,6 +142,22 @@ def replay(table: ReplayTable, decide, draft_length: int = 11, rng: np.random.Ge
     return r
 
 
+def on_grid(period: int):
+    """A ``decide(replay)`` refreshing at the first round past each multiple of ``period`` generated tokens, onto
+    the last grid point (that multiple, when ``period`` is one of the grid's and the round comes within a grid
+    cell). ``PeriodicController`` counts its period from the round it refreshed in instead, which can land up to
+    grid - 1 tokens after the point it scores: with a selection that covers about one period of a copy, that phase
+    decides the AL (docs/paper-regime.md). A period below the grid refreshes once per grid point, the finest a
+    table holds."""
+    if not isinstance(period, int) or isinstance(period, bool) or period < 1:
+        raise ValueError(f"period must be a positive integer of generated tokens, got {period!r}")
+
+    def decide(r: Replay) -> bool:
+        return (r.length - r.P) // period * period // r.G > r.row
+
+    return decide
+
+
 def replay_counts(tables, decide, draft_length: int = 11, episodes: int = 8, seed: int = 0) -> dict:
     """A schedule's point on a tradeoff curve over ``tables`` (the keys ``rift_ada.sweep.counts`` gives an
     evaluation): :func:`table_replays`, each table's AL and counts averaged over its replays; AL then averaged over

@@ -82,13 +82,6 @@ def parse_args(argv=None):
     return args
 
 
-def controller_files(spec: str) -> list[Path]:
-    path = Path(spec)
-    if path.is_file():
-        return [path]
-    return sorted(x for x in path.glob("controller-*") if x.suffix in (".json", ".pt"))
-
-
 def tables_for(args, pair, prompts, temperature: float, out: Path):
     """Main tables (resumable, ``rift_ada.replay.build.build_tables``) and every table derived from them."""
     from rift_ada.layout import CacheLayout
@@ -154,7 +147,7 @@ def main(argv=None) -> int:
         apply_runtime(args)
         from rift_ada.data import build_task_mix, encode_prompts
         from rift_ada.models import load_pair
-        from rift_ada.refresh import load_controller
+        from rift_ada.refresh import controller_files, load_controller
 
         learned = {f.stem.removeprefix("controller-"): load_controller(f) for f in controller_files(args.controllers)}
         pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype)

@@ -64,46 +64,18 @@ def schedules(args) -> list[tuple[str, object]]:
     return out + [("oracle", None)]
 
 
-def real_rounds(decoder, ids, max_new, controller, policy, grid) -> list[tuple[int, int, bool]]:
-    """(position, accepted, refreshed) of each round of the real decoder under ``controller`` or, for the oracle,
-    ``policy`` read at the decoder's own (generated, pending, row)."""
-    from rift_ada.refresh.base import refresh_wanted
-
-    decoder.reset(ids, max_new)
-    row, P = 0, len(ids)
-
-    def decide(state) -> bool:
-        nonlocal row
-        g = len(decoder.result.tokens)
-        pending = P + g - decoder.dcache.length
-        refresh = policy.at(g, pending, row) if policy is not None else refresh_wanted(controller, state)
-        if refresh:
-            row = (g - pending) // grid
-        return refresh
-
-    return [(rec.position, rec.accepted, bool(rec.refreshed)) for rec in decoder.rounds(decide)]
-
-
-def replayed(table, k, controller, policy, episodes, seed) -> list[list[tuple[int, int, bool]]]:
-    from rift_ada.refresh.base import refresh_wanted
-    from rift_ada.replay.process import replay
-
-    rng = np.random.default_rng(seed)
-    decide = policy.decide if policy is not None else (lambda r: refresh_wanted(controller, r.state))
-    runs = [[(x.position, x.accepted, x.refreshed) for x in replay(table, decide, k, rng).rounds]
-            for _ in range(1 if table.temperature == 0 else episodes)]
-    return runs
-
-
 def unit(ctx, table_path, ids, temperature, seed, layout, args) -> dict:
     """One (prompt, temperature, seed): every schedule in the real decoder and in replay."""
     from rift_ada.replay import ReplayTable
     from rift_ada.replay.build import build_table
+    from rift_ada.replay.fidelity import al, real_rounds, refreshes, replayed
     from rift_ada.replay.oracle import solve
 
     table = None if table_path is None else ReplayTable.load(table_path)  # None: paired, built per run below
-    decoder = ctx.decoder(layout)
-    decoder.temperature, decoder.seed = temperature, seed
+    from rift_ada.speculative import SpeculativeDecoder
+
+    # a decoder of its own: the static steps sample as the temperature they were built with says
+    decoder = SpeculativeDecoder.for_pair(ctx.pair, layout, replace(ctx.decoding, temperature=temperature, seed=seed))
     out = {}
     paired = args.paired and temperature > 0
     for name, controller in schedules(args):
@@ -116,9 +88,9 @@ def unit(ctx, table_path, ids, temperature, seed, layout, args) -> dict:
                                 temperature=temperature, seed=seed), args.max_new_tokens,
                                 ctx.pair.tokenizer.eos_token_id, tokens=decoder.result.tokens)
         reps = replayed(table, args.draft_length, controller, policy, args.episodes, seed)
-        out[name] = {"real_al": float(np.mean([a + 1 for _, a, _ in real])), "real_refreshes": sum(r for *_, r in real),
-                     "replay_al": float(np.mean([np.mean([a + 1 for _, a, _ in rep]) for rep in reps])),
-                     "replay_refreshes": float(np.mean([sum(r for *_, r in rep) for rep in reps])),
+        out[name] = {"real_al": al(real), "real_refreshes": refreshes(real),
+                     "replay_al": float(np.mean([al(rep) for rep in reps])),
+                     "replay_refreshes": float(np.mean([refreshes(rep) for rep in reps])),
                      "rounds": len(real)}
         if temperature == 0:
             rep = reps[0]

@@ -22,6 +22,8 @@ before the verify forward, and a round that rejects a draft puts them back and f
 
 from __future__ import annotations
 
+import copy
+
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -250,6 +252,10 @@ class SpeculativeDecoder:
         self.device_round = self._static is not None and self._static_verify is not None
         self.phase_sync = False  # device rounds: synchronise at each phase, to time them (costs a sync each)
         self.host_reads = 0  # device rounds: reads of the device's results (one per round)
+        # Keep the last prompt's prefilled caches and start a generation of the same prompt from a copy of them: a
+        # 32K prompt's prefill costs minutes on a CPU, and comparing schedules decodes one prompt many times.
+        self.reuse_prefill = False
+        self._prefilled: tuple | None = None  # (prompt ids, layout, (target cache, draft cache, logits))
         self.done = True
 
     @classmethod
@@ -270,8 +276,7 @@ class SpeculativeDecoder:
         self.generator = torch.Generator(device=self.device).manual_seed(self.seed)
         self.max_new_tokens, self.prompt_len = max_new_tokens, ids.shape[1]
         t0 = time.perf_counter()
-        self.tcache, self.dcache, logits = prefill(self.target, None if self.self_speculative else self.draft, ids,
-                                                   self.layout, self.store_device, self.prefill_chunk)
+        self.tcache, self.dcache, logits = self._prefill(ids)
         room = self.prompt_len + max_new_tokens + self.k + 1  # the last round may start at prompt + max_new - 1
         if self._static is not None:
             self._static.prepare(self.dcache, room)
@@ -297,6 +302,17 @@ class SpeculativeDecoder:
         self.done = first == self.eos_token_id or max_new_tokens <= 1
         self._signals = self._cache_signals()
         self._state = None
+
+    def _prefill(self, ids: torch.Tensor):
+        """Both caches holding the prompt and the target's logits at its last token: prefilled, or with
+        ``reuse_prefill`` copied from the last prefill of the same prompt under the same layout."""
+        kept = self._prefilled
+        if self.reuse_prefill and kept is not None and kept[1] == self.layout and torch.equal(kept[0], ids):
+            return copy.deepcopy(kept[2])
+        caches = prefill(self.target, None if self.self_speculative else self.draft, ids, self.layout,
+                         self.store_device, self.prefill_chunk)
+        self._prefilled = (ids.clone(), self.layout, copy.deepcopy(caches)) if self.reuse_prefill else None
+        return caches
 
     def rounds(self, decide: Callable[[DecoderState], bool | tuple[bool, int]] | None = None
                ) -> Iterator[RoundRecord]:

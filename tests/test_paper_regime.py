@@ -77,6 +77,7 @@ def test_paper_regime_small_run_writes_consistent_figures_and_resumes(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert [p.stat().st_mtime_ns for p in tables] == stamps, "a second run reuses every table"
     assert rows(out / "retention.csv") == retention
+    check_on_the_real_decoder(tmp_path, ctrl)
     # another layout of the same prompts: the stored continuation is reused, only the rows are computed again
     cont = sorted((out / "tables-t0").glob("*.continuation.npz"))
     cont_stamps = [p.stat().st_mtime_ns for p in cont]
@@ -88,6 +89,36 @@ def test_paper_regime_small_run_writes_consistent_figures_and_resumes(tmp_path):
         assert table.header["layout"]["lookahead"] == 32
         with np.load(path.with_name(path.stem + ".continuation.npz")) as z:
             assert (z["tokens"] == table.tokens).all()
+
+
+def check_on_the_real_decoder(tmp_path, ctrl):
+    """experiments/regime_check.py on the run: greedy, the real decoder's rounds are the replay's (AL and refreshes
+    equal); sampling, one decode lands inside the replay's range; a temperature the run lacks is refused."""
+    def check(*args):
+        res = subprocess.run([sys.executable, str(ROOT / "experiments" / "regime_check.py"), "--run", "out",
+                              "--controllers", str(ctrl), "--periods", "8", "16", "--threads", "2", *args],
+                             env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=600,
+                             cwd=tmp_path)
+        return res, (json.loads((tmp_path / "out" / f"check-t{args[1]}.json").read_text())
+                     if res.returncode == 0 else None)
+
+    res, greedy = check("--temperature", "0")
+    assert res.returncode == 0, res.stderr[-3000:]
+    trade = {(r["family"], r["knob"]): r for r in rows(tmp_path / "out" / "tradeoff-t0.csv")}
+    for name, row in greedy["summary"].items():
+        assert row["prompts"] == 2 and row["inside"] == 2, name
+        assert row["real_al"] == pytest.approx(row["replay_al"]) and row["real_refreshes_per_1k"] == pytest.approx(
+            row["replay_refreshes_per_1k"]), name
+    assert greedy["summary"]["periodic-16"]["replay_al"] == pytest.approx(
+        float(trade["periodic", "16"]["acceptance_length"]), rel=1e-6)
+    assert greedy["summary"]["threshold"]["real_refreshes_per_1k"] > 0
+    res, sampled = check("--temperature", "1", "--prompts", "1", "--episodes", "16")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert set(sampled["units"]) == {"p000/periodic-8", "p000/periodic-16", "p000/threshold"}
+    lo, hi = sampled["units"]["p000/threshold"]["replay_al_range"]
+    assert lo <= sampled["units"]["p000/threshold"]["real_al"] <= hi and lo < hi
+    res, _ = check("--temperature", "0.5")
+    assert res.returncode == 2 and "not 0.5" in res.stderr and "Traceback" not in res.stderr
 
 
 def test_paper_regime_refuses_bad_input_in_one_line(tmp_path):

@@ -4,9 +4,11 @@ provenance and refuses what it does not fit, the oracle is optimal, the environm
 import functools
 import itertools
 import json
+import os
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -477,3 +479,19 @@ def test_caches_that_never_refresh_replay_the_decoder_round_for_round():
     assert len(set(als.values())) > 1, als  # the three views differ on this prompt
     with pytest.raises(ValueError, match="fixed-cache row"):
         fixed_table(pair.draft, base, CacheLayout("full"))
+
+
+@pytest.mark.slow
+def test_replay_fidelity_script_decodes_greedy_and_sampled(tmp_path):
+    """experiments/replay_fidelity.py end to end at both temperatures on the static steps (each unit's decoder
+    samples at its own temperature), the oracle's schedule driving the real decoder too; greedy rounds agree."""
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, str(root / "experiments" / "replay_fidelity.py"), "--input-tokens", "512",
+                          "--prompts", "1", "--seeds", "1", "--episodes", "4", "--max-new-tokens", "48", "--periods",
+                          "8", "--workers", "1", "--threads", "2", "--task", "low", "--output-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((tmp_path / "fidelity.json").read_text())["summary"]
+    assert set(summary) == {"0", "1"} and set(summary["1"]) == {"never", "periodic-8", "oracle"}
+    assert all(r["equal_share"] == 1.0 for r in summary["0"].values())
+    assert summary["1"]["periodic-8"]["real_refreshes"] > 0

@@ -210,3 +210,28 @@ def test_runway_counts_down_while_copying_and_refills_at_a_refresh(testbed_promp
         [(a.runway, b.runway, a.emitted) for a, b in steps]
     after = [b.runway for a, b in zip(rounds, rounds[1:]) if a.refreshed]  # decided right after a refresh
     assert after and min(after) >= 32, after
+
+
+@pytest.mark.parametrize("step", ["model", "static"])
+def test_reused_prefill_decodes_as_a_fresh_one(step, testbed_target, testbed_draft, testbed_prompt):
+    """``reuse_prefill``: a second generation of the same prompt starts from a copy of the first one's prefilled
+    caches (not re-run) and its rounds equal those after a fresh prefill, sampled and refreshed; another prompt is
+    prefilled anew."""
+    pol = policy("rift-dyn", budget=256)
+
+    def rounds(dec, prompt):
+        res = decode(dec, prompt, 40, pol.controller)
+        return res.tokens, [(r.position, r.accepted, r.refreshed) for r in res.rounds]
+
+    fresh = SpeculativeDecoder(testbed_target, testbed_draft, pol.layout, draft_length=11, temperature=1.0, seed=3,
+                               draft_step=step, verify_step=step)
+    want = rounds(fresh, testbed_prompt)
+    dec = SpeculativeDecoder(testbed_target, testbed_draft, pol.layout, draft_length=11, temperature=1.0, seed=3,
+                             draft_step=step, verify_step=step)
+    dec.reuse_prefill = True
+    assert rounds(dec, testbed_prompt) == want
+    kept = dec._prefilled[2][1]
+    assert rounds(dec, testbed_prompt) == want and dec._prefilled[2][1] is kept  # copied from, never decoded on
+    assert rounds(dec, testbed_prompt) == want
+    other = testbed_prompt[:-100]
+    assert rounds(dec, other) == rounds(fresh, other) and dec._prefilled[2][1] is not kept

@@ -36,6 +36,15 @@ def load_controller(path: str | Path):
     return known()[kind].load(path)
 
 
+def controller_files(spec: str | Path) -> list[Path]:
+    """The exported controllers ``spec`` names: one file, or a folder's ``controller-*.json`` / ``.pt`` (as the main
+    job writes them; a missing folder names none)."""
+    path = Path(spec)
+    if path.is_file():
+        return [path]
+    return sorted(x for x in path.glob("controller-*") if x.suffix in (".json", ".pt"))
+
+
 def parse_controller(spec: str):
     """A registered kind's spelling (``never``, ``periodic:N``: refresh every N generated tokens, ``entropy:X``:
     refresh when the last round's mean draft entropy / ln vocab exceeds X in [0, 1], ...) or the path of a saved

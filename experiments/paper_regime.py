@@ -14,7 +14,8 @@ From the tables (``rift_ada.regime``), each a CSV and a PNG:
   (every ``--dyn-period`` tokens); ``retention.csv``: each over the whole generation against the same draft's full
   cache, with refreshes per 1K tokens; ``budgets``: rift-stat and rift-dyn at every budget;
 - ``tradeoff-t<T>``: AL against refreshes per 1K tokens for periodic refresh at ``--periods``, never, every controller
-  file in ``--controllers`` (the main job's exports, trained at 1K tokens) and the oracle, with savings against
+  file in ``--controllers`` (the main job's exports, trained at 1K tokens; those trained at 8K, shipped in
+  ``experiments/results/controller-8k``: docs/paper-regime.md) and the oracle, with savings against
   periodic at matched AL and the oracle's share (bootstrap intervals over prompts: 2 or more);
 - ``summary.json`` and one W&B run (offline by default).
 """
@@ -57,8 +58,8 @@ def parse_args(argv=None):
                         "--dyn-period on the grid, layout.covering_lookahead: 256); SnapKV's baseline keeps none")
     p.add_argument("--dyn-period", type=int, default=64, help="rift-dyn's refresh period in tokens")
     p.add_argument("--periods", type=int, nargs="+", default=[64, 128, 256, 512, 1024, 2048])
-    p.add_argument("--controllers", default="runs/controller",
-                   help="a folder of exported controllers (controller-*.json / .pt, as the main job writes them) "
+    p.add_argument("--controllers", nargs="*", default=["runs/controller", "experiments/results/controller-8k"],
+                   help="folders of exported controllers (controller-*.json / .pt, as the main job writes them) "
                         "or one file; a missing folder leaves them out")
     p.add_argument("--oracle-lams", type=float, nargs="*", default=[1.0, 4.0, 16.0, 64.0])
     p.add_argument("--episodes", type=int, default=16, help="replays per sampled table")
@@ -147,9 +148,9 @@ def main(argv=None) -> int:
         apply_runtime(args)
         from rift_ada.data import build_task_mix, encode_prompts
         from rift_ada.models import load_pair
-        from rift_ada.refresh import controller_files, load_controller
+        from rift_ada.refresh import load_controllers
 
-        learned = {f.stem.removeprefix("controller-"): load_controller(f) for f in controller_files(args.controllers)}
+        learned = load_controllers(args.controllers)
         pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype)
         ref = {"reference_tokens": args.reference_tokens, "min_reference_tokens": args.reference_tokens // 2}
         prompts = encode_prompts(pair.tokenizer, build_task_mix(pair.tokenizer, args.task, args.prompts,

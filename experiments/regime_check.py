@@ -1,6 +1,6 @@
 """The paper regime's refresh tradeoff checked on the real decoder: the run's prompts, decoded and replayed.
 
-    python experiments/regime_check.py --run runs/paper --controllers runs/controller     # T = 1, every prompt
+    python experiments/regime_check.py --run runs/paper     # T = 1, every prompt, the controllers trained at 8K
 
 ``experiments/paper_regime.py`` replays refresh schedules on its tables. This decodes the same prompts (rebuilt from
 the run's ``summary.json`` options) with the real decoder (``SpeculativeDecoder`` at the run's layout, static steps,
@@ -31,8 +31,8 @@ def parse_args(argv=None):
     p.add_argument("--temperature", type=float, default=1.0, help="which of the run's temperatures (default 1)")
     p.add_argument("--prompts", type=int, default=None, help="the run's first N prompts (default: all)")
     p.add_argument("--periods", type=int, nargs="*", default=[64], help="periodic refresh every N tokens")
-    p.add_argument("--controllers", default="runs/controller",
-                   help="a folder of exported controllers (controller-*.json / .pt) or one file")
+    p.add_argument("--controllers", nargs="*", default=["experiments/results/controller-8k"],
+                   help="folders of exported controllers (controller-*.json / .pt) or files")
     p.add_argument("--episodes", type=int, default=64, help="replays per table when sampling")
     add_runtime_options(p, threads=2)
     args = p.parse_args(argv)
@@ -54,11 +54,9 @@ def run_options(run: Path, temperature: float) -> dict:
 
 
 def schedules(args) -> dict:
-    from rift_ada.refresh import PeriodicController, controller_files, load_controller
+    from rift_ada.refresh import PeriodicController, load_controllers
 
-    out = {f"periodic-{n}": PeriodicController(n) for n in args.periods}
-    out.update({f.stem.removeprefix("controller-"): load_controller(f) for f in controller_files(args.controllers)})
-    return out
+    return {**{f"periodic-{n}": PeriodicController(n) for n in args.periods}, **load_controllers(args.controllers)}
 
 
 def check(decoder, ids, table, controller, opts: dict, episodes: int) -> dict:

@@ -137,3 +137,18 @@ def test_covering_lookahead_reaches_the_next_refresh():
     for bad in ((0, 1, 11), (64, 0, 11), (64, 1, True)):
         with pytest.raises(ValueError, match="positive integer"):
             covering_lookahead(*bad)
+
+
+def test_controllers_from_several_folders_are_named_by_folder(tmp_path):
+    """One folder (or one that holds any, the others missing or empty): families by kind; several: kind@folder."""
+    from rift_ada.refresh import PeriodicController, load_controllers
+
+    for folder, period in (("controller", 16), ("controller-8k", 64)):
+        (tmp_path / folder).mkdir()
+        PeriodicController(period).save(tmp_path / folder / "controller-periodic.json")
+    (tmp_path / "controller-8k" / "notes.json").write_text("{}")  # not a controller- file: not read
+    both = load_controllers([tmp_path / "controller", tmp_path / "controller-8k"])
+    assert {k: c.period for k, c in both.items()} == {"periodic@controller": 16, "periodic@controller-8k": 64}
+    one = load_controllers([tmp_path / "missing", tmp_path / "controller-8k"])
+    assert {k: c.period for k, c in one.items()} == {"periodic": 64}
+    assert list(load_controllers([tmp_path / "controller" / "controller-periodic.json"])) == ["periodic"]

@@ -10,9 +10,9 @@ rescore the draft cache before the coming round. ``rift-dyn`` is a RIFT layout p
 from .base import Controller, GapRule, Knob, Option, refresh_wanted
 from .rules import EntropyController, NeverController, PeriodicController, ThresholdController
 from .mlp import MLPController
-from .loader import controller_files, load_controller, parse_controller
+from .loader import controller_files, load_controller, load_controllers, parse_controller
 from .registry import register
 
 __all__ = ["Controller", "EntropyController", "GapRule", "Knob", "MLPController", "NeverController", "Option",
-           "PeriodicController", "ThresholdController", "controller_files", "load_controller", "parse_controller",
-           "refresh_wanted", "register"]
+           "PeriodicController", "ThresholdController", "controller_files", "load_controller", "load_controllers",
+           "parse_controller", "refresh_wanted", "register"]

@@ -45,6 +45,20 @@ def controller_files(spec: str | Path) -> list[Path]:
     return sorted(x for x in path.glob("controller-*") if x.suffix in (".json", ".pt"))
 
 
+def load_controllers(specs) -> dict:
+    """Every controller the folders or files in ``specs`` name (:func:`controller_files`), by family: its kind
+    (``controller-ppo.pt``: ``ppo``), with ``@<folder>`` after it when more than one spec names any
+    (``ppo@controller-8k``)."""
+    found = [(Path(spec), controller_files(spec)) for spec in specs]
+    several = sum(bool(files) for _, files in found) > 1
+    out = {}
+    for spec, files in found:
+        for f in files:
+            name = f.stem.removeprefix("controller-")
+            out[f"{name}@{(spec if spec.is_dir() else f.parent).name}" if several else name] = load_controller(f)
+    return out
+
+
 def parse_controller(spec: str):
     """A registered kind's spelling (``never``, ``periodic:N``: refresh every N generated tokens, ``entropy:X``:
     refresh when the last round's mean draft entropy / ln vocab exceeds X in [0, 1], ...) or the path of a saved

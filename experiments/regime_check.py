@@ -7,14 +7,16 @@ the run's ``summary.json`` options) with the real decoder (``SpeculativeDecoder`
 each prompt's prefill made once and copied for every schedule) under periodic refresh at ``--periods`` and every
 exported controller in ``--controllers``, and replays each schedule on the prompt's table (``--episodes`` replays
 when sampling). Per prompt and schedule it stores the real decoder's AL and refreshes per 1K tokens beside the
-replay's (their mean over episodes and the 95% range of one episode: where a single decode should land), resumable
-per unit in ``<run>/check-t<T>/``, and prints the table. A real decode of 4K tokens after a 32K prompt costs about
+replay's (their mean over episodes and the 95% range of one episode: where a single decode should land), and both
+points' refresh savings against the run's replayed periodic curve at matched AL; resumable per unit in
+``<run>/check-t<T>/``; prints the table. A real decode of 4K tokens after a 32K prompt costs about
 5 minutes on 2 cores at an AL near 11 (a schedule that lets the selection go stale costs several times that).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
 import time
@@ -68,8 +70,12 @@ def check(decoder, ids, table, controller, opts: dict, episodes: int) -> dict:
     reps = replayed(table, k, controller, None, episodes, opts["seed"])
     per_k = 1000 / new
     rep_al, rep_ref = [al(r) for r in reps], [refreshes(r) * per_k for r in reps]
-    return {"real_al": al(real), "real_refreshes_per_1k": refreshes(real) * per_k,
-            "tokens": len(decoder.result.tokens), "replay_al": float(np.mean(rep_al)),
+    ours, theirs = decoder.result.tokens, list(table.tokens)
+    # sampling, the real decode draws its own continuation; the replay follows the table's (its range below covers
+    # the rejection rule's coin flips on that one continuation, not where another continuation goes)
+    shared = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    return {"real_al": al(real), "real_refreshes_per_1k": refreshes(real) * per_k, "tokens": len(ours),
+            "tokens_shared_with_table": shared, "replay_al": float(np.mean(rep_al)),
             "replay_al_range": [float(x) for x in np.percentile(rep_al, [2.5, 97.5])],
             "replay_refreshes_per_1k": float(np.mean(rep_ref)),
             "replay_refreshes_range": [float(x) for x in np.percentile(rep_ref, [2.5, 97.5])]}
@@ -117,31 +123,46 @@ def main(argv=None) -> int:
             print(f"prompt {i}, {name} ...", flush=True)
             results[f"p{i:03d}/{name}"] = state.unit(f"p{i:03d}-{name}", lambda: check(
                 decoder, ids, table, controller, opts, args.episodes), key=key)
-    summary = summarize(results, learned)
+    summary = summarize(results, learned, run / f"tradeoff-t{args.temperature:g}.csv")
     out = run / f"check-t{args.temperature:g}.json"
     out.write_text(json.dumps({"options": vars(args), "run_options": opts, "units": results, "summary": summary,
                                "seconds": time.time() - t0}, indent=1))
     print(f"\n{n} prompt(s), T = {args.temperature:g}, {opts['input_tokens']} in / {opts['max_new_tokens']} out, "
           f"budget {opts['budget']}: the real decoder against replay (one decode per prompt and schedule)")
-    print(f"{'schedule':>14} | {'AL real':>8} {'replay':>7} | {'refr/1K real':>12} {'replay':>7} | inside replay's range")
+    print(f"{'schedule':>14} | {'AL real':>8} {'replay':>7} | {'refr/1K real':>12} {'replay':>7} | "
+          "inside replay's range | fewer refreshes than periodic: real, replay")
     for name, r in summary.items():
+        saved = " ".join("-" if r[k] is None else f"{100 * r[k]:.1f}%" for k in ("real_savings", "replay_savings"))
         print(f"{name:>14} | {r['real_al']:8.2f} {r['replay_al']:7.2f} | {r['real_refreshes_per_1k']:12.1f} "
-              f"{r['replay_refreshes_per_1k']:7.1f} | {r['inside']}/{r['prompts']}")
+              f"{r['replay_refreshes_per_1k']:7.1f} | {r['inside']}/{r['prompts']:<19} | {saved}")
     print(f"written to {out}")
     return 0
 
 
-def summarize(results: dict, names) -> dict:
-    """Per schedule, the mean over prompts of each number, and on how many prompts the real decode's AL and refresh
-    count both fall inside the replay's 95% range of one episode."""
+def summarize(results: dict, names, tradeoff_csv: Path) -> dict:
+    """Per schedule, the mean over prompts of each number; on how many prompts the real decode's AL and refresh count
+    both fall inside the replay's 95% range of one episode; and the real and the replayed point's refresh savings
+    against the run's replayed periodic curve at matched AL (``rift_ada.tradeoff``, as paper_regime reports them)."""
+    from rift_ada.tradeoff import periodic_envelope, refreshes_needed
+
+    curve = None
+    if tradeoff_csv.is_file():
+        with open(tradeoff_csv) as f:
+            rows = [{"family": r["family"], "acceptance_length": float(r["acceptance_length"]),
+                     "refreshes_per_1k": float(r["refreshes_per_1k"])} for r in csv.DictReader(f)]
+        curve = periodic_envelope(rows)
     out = {}
     for name in names:
         rows = [r for k, r in results.items() if k.split("/", 1)[1] == name]
         inside = sum(lo <= r["real_al"] <= hi and rlo <= r["real_refreshes_per_1k"] <= rhi
                      for r in rows for (lo, hi), (rlo, rhi) in [(r["replay_al_range"], r["replay_refreshes_range"])])
-        out[name] = {k: float(np.mean([r[k] for r in rows])) for k in
-                     ("real_al", "replay_al", "real_refreshes_per_1k", "replay_refreshes_per_1k")}
-        out[name].update(prompts=len(rows), inside=int(inside))
+        row = {k: float(np.mean([r[k] for r in rows])) for k in
+               ("real_al", "replay_al", "real_refreshes_per_1k", "replay_refreshes_per_1k")}
+        for kind in ("real", "replay"):
+            need = None if curve is None else refreshes_needed(row[f"{kind}_al"], *curve)
+            row[f"{kind}_savings"] = 1.0 - row[f"{kind}_refreshes_per_1k"] / need if need else None
+        shared = [r["tokens_shared_with_table"] for r in rows if "tokens_shared_with_table" in r]
+        out[name] = {**row, "prompts": len(rows), "inside": int(inside), "tokens_shared_with_table": shared}
     return out
 
 

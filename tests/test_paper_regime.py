@@ -112,6 +112,12 @@ def check_on_the_real_decoder(tmp_path, ctrl):
     assert greedy["summary"]["periodic-16"]["replay_al"] == pytest.approx(
         float(trade["periodic", "16"]["acceptance_length"]), rel=1e-6)
     assert greedy["summary"]["threshold"]["real_refreshes_per_1k"] > 0
+    assert all(u["tokens_shared_with_table"] == u["tokens"] == 96 for u in greedy["units"].values())
+    # the savings against the run's replayed periodic curve: the tradeoff's own for the replayed point
+    assert greedy["summary"]["threshold"]["replay_savings"] == pytest.approx(
+        float(trade["threshold", "-"]["refresh_savings"]))
+    assert greedy["summary"]["threshold"]["real_savings"] == pytest.approx(
+        greedy["summary"]["threshold"]["replay_savings"])
     res, sampled = check("--temperature", "1", "--prompts", "1", "--episodes", "16")
     assert res.returncode == 0, res.stderr[-3000:]
     assert set(sampled["units"]) == {"p000/periodic-8", "p000/periodic-16", "p000/threshold"}

@@ -86,9 +86,9 @@ def parse_args(argv=None):
 def tables_for(args, pair, prompts, temperature: float, out: Path):
     """Main tables (resumable, ``rift_ada.replay.build.build_tables``) and every table derived from them."""
     from rift_ada.layout import CacheLayout
-    from rift_ada.regime import Setting
+    from rift_ada.regime import Setting, table_name, tables_folder
     from rift_ada.replay import ReplayTable
-    from rift_ada.replay.build import Builder, TableSpec, build_tables, derive_tables, prompt_sha
+    from rift_ada.replay.build import Builder, TableSpec, build_tables, derive_tables
     from rift_ada.speculative import Decoding
 
     def rift(budget):
@@ -97,8 +97,8 @@ def tables_for(args, pair, prompts, temperature: float, out: Path):
     layout = rift(args.budget)
     builder = Builder(args.target, args.drafter, layout, Decoding(args.draft_length, temperature, seed=args.seed),
                       args.max_new_tokens, args.device, args.dtype, args.threads)
-    specs = [TableSpec(f"p{i:03d}-{prompt_sha(ids)}", tuple(ids), args.seed) for i, ids in enumerate(prompts)]
-    folder = out / f"tables-t{temperature:g}"
+    specs = [TableSpec(table_name(i, ids), tuple(ids), args.seed) for i, ids in enumerate(prompts)]
+    folder = tables_folder(out, temperature)
     main = [ReplayTable.load(p) for p in build_tables(builder, specs, folder, pair, 1, f"tables T={temperature:g}")]
     derived = {"snapkv": CacheLayout("snapkv", budget=args.budget, lookahead=0),
                "window": CacheLayout("window", budget=args.budget),
@@ -146,16 +146,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         apply_runtime(args)
-        from rift_ada.data import build_task_mix, encode_prompts
         from rift_ada.models import load_pair
         from rift_ada.refresh import load_controllers
+        from rift_ada.regime import regime_prompts
 
         learned = load_controllers(args.controllers)
         pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype)
-        ref = {"reference_tokens": args.reference_tokens, "min_reference_tokens": args.reference_tokens // 2}
-        prompts = encode_prompts(pair.tokenizer, build_task_mix(pair.tokenizer, args.task, args.prompts,
-                                                                args.input_tokens, args.seed, None,
-                                                                source_dir=args.source_dir, **ref))
+        prompts = regime_prompts(pair.tokenizer, vars(args))
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         return fail(e)
     from rift_ada import regime

@@ -87,23 +87,19 @@ def main(argv=None) -> int:
     try:
         opts = run_options(run, args.temperature)
         apply_runtime(args)
-        from rift_ada.data import build_task_mix, encode_prompts
         from rift_ada.layout import CacheLayout
         from rift_ada.models import load_pair
+        from rift_ada.regime import regime_prompts, table_name, tables_folder
         from rift_ada.replay import ReplayTable
-        from rift_ada.replay.build import prompt_sha
         from rift_ada.resume import RunState
         from rift_ada.speculative import Decoding, SpeculativeDecoder
 
         learned = schedules(args)
         n = opts["prompts"] if args.prompts is None else min(args.prompts, opts["prompts"])
         pair = load_pair(opts["target"], opts["drafter"], device=args.device, dtype=args.dtype)
-        ref = {"reference_tokens": opts["reference_tokens"], "min_reference_tokens": opts["reference_tokens"] // 2}
-        prompts = encode_prompts(pair.tokenizer, build_task_mix(pair.tokenizer, opts["task"], n, opts["input_tokens"],
-                                                                opts["seed"], None, source_dir=opts["source_dir"],
-                                                                **ref))[:n]
-        folder = run / f"tables-t{args.temperature:g}"
-        paths = [folder / f"p{i:03d}-{prompt_sha(ids)}.safetensors" for i, ids in enumerate(prompts)]
+        prompts = regime_prompts(pair.tokenizer, {**opts, "prompts": n})[:n]
+        folder = tables_folder(run, args.temperature)
+        paths = [folder / f"{table_name(i, ids)}.safetensors" for i, ids in enumerate(prompts)]
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
             raise FileNotFoundError(f"no table for {missing[0]}: the run's prompts differ from what it stored")

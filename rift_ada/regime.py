@@ -10,6 +10,7 @@ coin flips when sampling (``episodes`` replays per table). Intervals are 95% per
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -18,6 +19,29 @@ from .replay.fixed import al_by_position
 from .replay.process import full_table, table_replays
 
 STALENESS = ("full", "snapkv", "window", "rift-stat", "rift-dyn")
+
+
+def regime_prompts(tokenizer, opts: dict) -> list[list[int]]:
+    """The token ids of a run's prompts from its options (``experiments/paper_regime.py``'s, as its argparse namespace
+    or its ``summary.json`` holds them): ``prompts`` of ``task`` from ``source_dir``, each copying a file of up to
+    ``reference_tokens`` (at least half as many)."""
+    from .data import build_task_mix, encode_prompts
+
+    ref = {"reference_tokens": opts["reference_tokens"], "min_reference_tokens": opts["reference_tokens"] // 2}
+    return encode_prompts(tokenizer, build_task_mix(tokenizer, opts["task"], opts["prompts"], opts["input_tokens"],
+                                                    opts["seed"], None, source_dir=opts["source_dir"], **ref))
+
+
+def table_name(index: int, ids) -> str:
+    """A run's table of prompt ``index`` (the file stem in :func:`tables_folder`): its order and its tokens' hash."""
+    from .replay.build import prompt_sha
+
+    return f"p{index:03d}-{prompt_sha(ids)}"
+
+
+def tables_folder(out, temperature: float):
+    """Where a run in ``out`` keeps its tables at ``temperature``."""
+    return Path(out) / f"tables-t{temperature:g}"
 
 @dataclass
 class Setting:

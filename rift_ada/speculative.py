@@ -23,7 +23,6 @@ before the verify forward, and a round that rejects a draft puts them back and f
 from __future__ import annotations
 
 import copy
-
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator

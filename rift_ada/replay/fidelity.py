@@ -29,14 +29,12 @@ def real_rounds(decoder, ids, max_new, controller, policy, grid) -> list[Round]:
 
 
 def replayed(table, k, controller, policy, episodes, seed) -> list[list[Round]]:
-    """The same schedule's rounds replayed on ``table``: once greedy, ``episodes`` times sampling."""
-    from rift_ada.refresh.base import refresh_wanted
-    from rift_ada.replay.process import replay
+    """The same schedule's rounds replayed on ``table``: once greedy, ``episodes`` times sampling
+    (``process.table_replays``)."""
+    from rift_ada.replay.process import table_replays
 
-    rng = np.random.default_rng(seed)
-    decide = policy.refreshes if policy is not None else (lambda r: refresh_wanted(controller, r.state))
-    return [[(x.position, x.accepted, x.refreshed) for x in replay(table, decide, k, rng).rounds]
-            for _ in range(1 if table.temperature == 0 else episodes)]
+    runs = table_replays([table], policy.refreshes if policy is not None else controller, k, episodes, seed)[0]
+    return [[(x.position, x.accepted, x.refreshed) for x in r.rounds] for r in runs]
 
 
 def al(rounds: list[Round]) -> float:

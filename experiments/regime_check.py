@@ -7,7 +7,9 @@ the run's ``summary.json`` options) with the real decoder (``SpeculativeDecoder`
 each prompt's prefill made once and copied for every schedule) under periodic refresh at ``--periods`` and every
 exported controller in ``--controllers``, and replays each schedule on the prompt's table (``--episodes`` replays
 when sampling). Per prompt and schedule it stores the real decoder's AL and refreshes per 1K tokens beside the
-replay's (their mean over episodes and the 95% range of one episode: where a single decode should land), and both
+replay's (their mean over episodes and the 95% range of one episode: where a single decode should land), both over
+the tokens the real decode shares with the table's continuation (sampling, a decode draws its own continuation: one
+that parts from the table's is compared up to there, and stops after the round that leaves it), and both
 points' refresh savings against the run's replayed periodic curve at matched AL; resumable per unit in
 ``<run>/check-t<T>/``; prints the table. A real decode of 4K tokens after a 32K prompt costs about
 5 minutes on 2 cores at an AL near 11 (a schedule that lets the selection go stale costs several times that).
@@ -62,18 +64,24 @@ def schedules(args) -> dict:
 
 
 def check(decoder, ids, table, controller, opts: dict, episodes: int) -> dict:
-    """One schedule on one prompt: the real decoder's AL and refreshes per 1K tokens, and the replay's."""
-    from rift_ada.replay.fidelity import al, real_rounds, refreshes, replayed
+    """One schedule on one prompt: the real decoder's AL and refreshes per 1K tokens, and the replay's, over the
+    tokens the real decode shares with the table's continuation."""
+    from rift_ada.replay.fidelity import al, real_rounds, refreshes, replayed, within
 
     k, new = opts["draft_length"], opts["max_new_tokens"]
-    real = real_rounds(decoder, ids, new, controller, None, opts["refresh_grid"])
-    reps = replayed(table, k, controller, None, episodes, opts["seed"])
-    per_k = 1000 / new
-    rep_al, rep_ref = [al(r) for r in reps], [refreshes(r) * per_k for r in reps]
-    ours, theirs = decoder.result.tokens, list(table.tokens)
-    # sampling, the real decode draws its own continuation; the replay follows the table's (its range below covers
-    # the rejection rule's coin flips on that one continuation, not where another continuation goes)
+    theirs = [int(t) for t in table.tokens]
+    # Sampling, the real decode draws its own continuation and the replay follows the table's (its range covers the
+    # rejection rule's coin flips on that one continuation): the two are compared where they are the same text, and
+    # the decode stops once it leaves it.
+    real = real_rounds(decoder, ids, new, controller, None, opts["refresh_grid"], follow=theirs)
+    ours = list(decoder.result.tokens)
     shared = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    real = within(real, shared)
+    reps = [within(r, shared) for r in replayed(table, k, controller, None, episodes, opts["seed"])]
+    if not real:
+        raise ValueError(f"the real decode left the table's continuation in its first round ({shared} tokens shared)")
+    per_k = 1000 / shared
+    rep_al, rep_ref = [al(r) for r in reps], [refreshes(r) * per_k for r in reps]
     return {"real_al": al(real), "real_refreshes_per_1k": refreshes(real) * per_k, "tokens": len(ours),
             "tokens_shared_with_table": shared, "replay_al": float(np.mean(rep_al)),
             "replay_al_range": [float(x) for x in np.percentile(rep_al, [2.5, 97.5])],

@@ -2,6 +2,7 @@
 
     python experiments/testbed_costs.py                     # 32K prompt (pip, low), budget 8K; 24 min on 2 cores
     python experiments/testbed_costs.py --input-tokens 4096 --greedy-tokens 256 --steps 16    # a quick look
+    python experiments/testbed_costs.py --round-costs --output costs-32k.json   # the joint cost model; 12 min
 
 On one ``low`` prompt of ``--input-tokens`` (a code base the pair never saw, ``--source-dir``), it measures:
 - ``prefill_s``: the target's and the draft's prefill (transformers' dynamic cache, the logits of the last position);
@@ -13,6 +14,11 @@ On one ``low`` prompt of ``--input-tokens`` (a code base the pair never saw, ``-
 - ``greedy``: a plain greedy decode of ``--greedy-tokens`` tokens by the target after the prompt (0: skip; the
   same steps continued), whose tokens per second every speculative figure at this length is compared with, and its
   last step's milliseconds (the context then ``--greedy-tokens`` longer).
+
+With ``--round-costs``, instead: the joint controller's round costs at this length (``rift_ada.joint``'s
+``measure_round_costs``: static steps, a RIFT cache of ``--budget`` tokens refreshing on demand, every k of
+``--draft-lengths``) and the draft's full-cache step, under ``costs.testbed``: the file ``gpu_check.py --model-from``
+reads, so acceptance tables (a paper-regime run's 32K tables) are priced by what this machine measured.
 
 Prints one JSON object (and writes it to ``--output``). Timings are wall-clock on whatever the machine is doing:
 run it alone (docs/measuring.md).
@@ -42,15 +48,21 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=64, help="decode steps timed per row (default %(default)s)")
     p.add_argument("--greedy-tokens", type=int, default=4096,
                    help="tokens of the plain greedy decode after the prompt (0: skip; default %(default)s)")
+    p.add_argument("--round-costs", action="store_true",
+                   help="measure the joint controller's round costs (and the full-cache draft step) instead")
+    p.add_argument("--draft-lengths", type=int, nargs="+", default=[0, 1, 2, 3, 5, 8, 11],
+                   help="with --round-costs: the draft lengths priced (0: a plain target step)")
     p.add_argument("--output", default=None, help="write the JSON here instead of stdout")
     add_runtime_options(p)
     args = p.parse_args(argv)
     require_positive(p, args, ["input_tokens", "budget", "draft_length", "steps"])
     if args.greedy_tokens < 0:
         p.error("--greedy-tokens must be >= 0")
+    if args.round_costs and not (0 < max(args.draft_lengths) <= args.draft_length and min(args.draft_lengths) >= 0):
+        p.error(f"--draft-lengths must lie in 0..--draft-length ({args.draft_length}), one >= 1")
     try:
         apply_runtime(args)
-        result = measure(args)
+        result = (round_costs if args.round_costs else measure)(args)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         return fail(e)
     write_output(args.output, result)
@@ -119,6 +131,27 @@ def measure(args) -> dict:
     bar.update(1)
     bar.close()
     return out
+
+
+@torch.inference_mode()
+def round_costs(args) -> dict:
+    """The round costs at this length and the full-cache draft step, as ``costs.testbed`` (gpu_check's format)."""
+    from rift_ada.data.tasks import build_tasks, encode
+    from rift_ada.joint.costs import measure_round_costs
+    from rift_ada.layout import CacheLayout
+    from rift_ada.models import load_pair
+    from rift_ada.speculative import SpeculativeDecoder
+
+    pair = load_pair(args.target, args.drafter, dtype=args.dtype, device=args.device)
+    ids = encode(pair.tokenizer, build_tasks(pair.tokenizer, "low", n=1, input_tokens=args.input_tokens,
+                                             seed=args.seed, source_dir=args.source_dir)[0].prompt)
+    dec = SpeculativeDecoder(pair.target, pair.draft, CacheLayout("rift", budget=args.budget),
+                             draft_length=args.draft_length, draft_step="static", verify_step="static")
+    costs = measure_round_costs(dec, {len(ids): ids}, args.draft_lengths, progress=True)
+    _, full = prefill_then_steps(pair.draft, ids, args.steps)
+    return {"prompt_tokens": len(ids), "source_dir": args.source_dir, "threads": torch.get_num_threads(),
+            "budget": args.budget, "draft_length": args.draft_length,
+            "costs": {"testbed": {"rift": costs.to_dict(), "full_draft_s": [sum(full) / len(full)]}}}
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ assisted generation in its two settings, and the greedy baselines they compare a
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 
 import torch
@@ -99,22 +100,29 @@ def time_hf_assisted(target, draft, prompts: list, max_new_tokens: int, k: int, 
 
 
 @torch.inference_mode()
+def target_prefill(target, ids: list[int]) -> tuple:
+    """(transformers' dynamic cache holding ``ids``, the target's logits at the last one): what ``plain_decode``
+    starts from; give it as ``prefilled`` to decode the same prompt again without prefilling it again."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=target.config)
+    logits = target(torch.tensor([ids], device=target.device), cache=cache, logits_to_keep=1).logits[0, -1]
+    return cache, logits
+
+
 def plain_decode(target, ids: list[int], new_tokens: int, eos: int | None, temperature: float = 0.0,
-                 seed: int = 0, step=None) -> tuple[list[int], float]:
+                 seed: int = 0, step=None, prefilled: tuple | None = None) -> tuple[list[int], float]:
     """The target alone, one token per forward on ``rift_ada.static``'s static cache: the speculate-never baseline
     without transformers' per-step cache concatenation; greedy at temperature 0, else sampled (the decoder's
     ``sampling_probs``, seeded). ``step``: the ``StaticVerify`` (block 1) to run, e.g. a compiled one reused across
     calls (default: a new eager one); compiled and greedy, the tokens stay on the device and are read once at the end
-    (``StaticVerify.greedy``). (tokens, decode seconds after the first token)."""
-    from transformers import DynamicCache
-
+    (``StaticVerify.greedy``). ``prefilled``: ``target_prefill(target, ids)``, copied (default: prefilled here).
+    (tokens, decode seconds after the first token)."""
     from .rounds import cut_at_eos, sample, sampling_probs
     from .static import StaticVerify
 
     g = torch.Generator(device=target.device).manual_seed(seed)
-    x = torch.tensor([ids], device=target.device)
-    cache = DynamicCache(config=target.config)
-    logits = target(x, cache=cache, logits_to_keep=1).logits[0, -1]
+    cache, logits = copy.deepcopy(prefilled) if prefilled is not None else target_prefill(target, ids)
     token = sample(sampling_probs(logits, temperature), logits, g)
     step = step or StaticVerify(target, 1)
     cache, tokens = step.cache(cache, len(ids) + new_tokens + 1), [token]

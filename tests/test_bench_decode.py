@@ -31,3 +31,18 @@ def test_bench_decode_compile_writes_every_row(tmp_path, monkeypatch):
     # rift-dyn's warm-up compiles the draft step and the verify; the full cache runs the same two graphs (a cache's
     # slot axis is a size they take); nothing compiles while timed.
     assert row["warmup_graphs"]["rift_dyn"] == 2 and row["warmup_graphs"]["full"] == 0 and row["recompiles"] == 0
+
+
+def test_plain_decode_from_a_kept_prefill_is_a_fresh_decode(testbed_target):
+    """bench.plain_decode(prefilled=target_prefill(...)): the same tokens as prefilling afresh, greedy and sampled,
+    and the kept prefill is copied, never decoded on (a second decode from it gives the same tokens again)."""
+    from rift_ada.bench import plain_decode, target_prefill
+
+    ids = torch.randint(0, 1000, (300,), generator=torch.Generator().manual_seed(1)).tolist()
+    kept = target_prefill(testbed_target, ids)
+    before = kept[0].get_seq_length()
+    for temperature in (0.0, 1.0):
+        fresh, _ = plain_decode(testbed_target, ids, 24, None, temperature, seed=3)
+        for _ in range(2):
+            assert plain_decode(testbed_target, ids, 24, None, temperature, seed=3, prefilled=kept)[0] == fresh
+    assert kept[0].get_seq_length() == before == len(ids)

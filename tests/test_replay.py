@@ -495,3 +495,25 @@ def test_replay_fidelity_script_decodes_greedy_and_sampled(tmp_path):
     assert set(summary) == {"0", "1"} and set(summary["1"]) == {"never", "periodic-8", "oracle"}
     assert all(r["equal_share"] == 1.0 for r in summary["0"].values())
     assert summary["1"]["periodic-8"]["real_refreshes"] > 0
+
+
+def test_real_rounds_stop_where_the_decode_leaves_the_followed_continuation():
+    """fidelity.real_rounds(follow=...): the decode stops after the round whose tokens leave ``follow``, and
+    ``within`` keeps exactly the rounds that end before the first differing token."""
+    from rift_ada.refresh import PeriodicController
+    from rift_ada.replay.fidelity import real_rounds, within
+    from rift_ada.speculative import SpeculativeDecoder
+    from tests.conftest import layout_of, random_model
+
+    target = random_model("llama", vocab=64, layers=2, hidden=32, heads=2, kv_heads=1, init=0.3)
+    dec = SpeculativeDecoder(target, target, layout_of("rift-dyn", 24, obs_window=8), draft_length=4)
+    ids = torch.randint(0, 64, (48,), generator=torch.Generator().manual_seed(0)).tolist()
+    whole = real_rounds(dec, ids, 40, PeriodicController(8), None, 8)
+    tokens = list(dec.result.tokens)
+    assert sum(a + 1 for _, a, _ in whole) == len(tokens) - 1 == 39  # the first token comes with the prefill
+    assert real_rounds(dec, ids, 40, PeriodicController(8), None, 8, follow=tokens) == whole
+    follow = tokens[:17] + [(tokens[17] + 1) % 64] + tokens[18:]
+    cut = real_rounds(dec, ids, 40, PeriodicController(8), None, 8, follow=follow)
+    last = cut[-1]
+    assert cut == whole[:len(cut)] and last[0] <= 17 < last[0] + last[1] + 1  # stopped after the round holding 17
+    assert within(cut, 17) == cut[:-1] and all(p + a + 1 <= 17 for p, a, _ in within(cut, 17))

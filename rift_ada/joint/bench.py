@@ -15,7 +15,7 @@ from collections import Counter
 import torch
 from tqdm.auto import tqdm
 
-from ..bench import plain_decode
+from ..bench import plain_decode, target_prefill
 from .control import FixedJoint, JointController, baseline, is_joint
 
 ROWS = ("greedy", "best_fixed", "length_table", "joint")
@@ -88,22 +88,28 @@ def bench_controller(pair, controller, prompts_by_family: dict, args) -> dict:
     k = max(r.k_max for r in rows.values())
     eos = pair.tokenizer.eos_token_id
     out, totals = {}, {}
+    # One prefill per prompt for every row and repeat (decode alone is timed; at 16K a prefill costs minutes): the
+    # target's for plain decoding, both caches' for the speculative rows (copied: reuse_prefill).
+    dec = SpeculativeDecoder.for_pair(pair, layout, Decoding(k, args.temperature, seed=args.seed, draft_step=steps,
+                                                             verify_step=steps))
+    dec.reuse_prefill = True
     bar = tqdm(total=sum(map(len, prompts_by_family.values())) * args.repeats * (len(rows) + 1),
                desc=f"{len(next(iter(prompts_by_family.values()))[0])}-token prompts")
     for family, prompts in prompts_by_family.items():
         runs = {name: [] for name in ("greedy", *rows)}
         for i, ids in enumerate(prompts):
+            prefilled = target_prefill(pair.target, ids)
             for rep in range(args.repeats):
                 order = ["greedy", *rows][rep % (len(rows) + 1):] + ["greedy", *rows][:rep % (len(rows) + 1)]
                 for name in order:
                     bar.update()
                     seed = args.seed + 1000 * i + rep
                     if name == "greedy":
-                        toks, secs = plain_decode(pair.target, ids, args.max_new_tokens, eos, args.temperature, seed)
+                        toks, secs = plain_decode(pair.target, ids, args.max_new_tokens, eos, args.temperature, seed,
+                                                  prefilled=prefilled)
                         runs[name].append((toks, secs, [], len(ids)))
                         continue
-                    dec = SpeculativeDecoder.for_pair(pair, layout, Decoding(k, args.temperature, seed=seed,
-                                                                             draft_step=steps, verify_step=steps))
+                    dec.seed = seed
                     dec.reset(ids, args.max_new_tokens)
                     t = time.perf_counter()
                     records = list(dec.rounds(rows[name].act))

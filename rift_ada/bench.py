@@ -110,6 +110,7 @@ def target_prefill(target, ids: list[int]) -> tuple:
     return cache, logits
 
 
+@torch.inference_mode()
 def plain_decode(target, ids: list[int], new_tokens: int, eos: int | None, temperature: float = 0.0,
                  seed: int = 0, step=None, prefilled: tuple | None = None) -> tuple[list[int], float]:
     """The target alone, one token per forward on ``rift_ada.static``'s static cache: the speculate-never baseline

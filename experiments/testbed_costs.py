@@ -36,6 +36,7 @@ import torch
 def main(argv=None) -> int:
     from rift_ada.cli import (ArgumentParser, add_model_options, add_runtime_options, apply_runtime, fail,
                               require_positive, write_output)
+    from rift_ada.joint.control import DRAFT_LENGTHS
 
 
     p = ArgumentParser(description=__doc__)
@@ -50,7 +51,7 @@ def main(argv=None) -> int:
                    help="tokens of the plain greedy decode after the prompt (0: skip; default %(default)s)")
     p.add_argument("--round-costs", action="store_true",
                    help="measure the joint controller's round costs (and the full-cache draft step) instead")
-    p.add_argument("--draft-lengths", type=int, nargs="+", default=[0, 1, 2, 3, 5, 8, 11],
+    p.add_argument("--draft-lengths", type=int, nargs="+", default=list(DRAFT_LENGTHS),
                    help="with --round-costs: the draft lengths priced (0: a plain target step)")
     p.add_argument("--output", default=None, help="write the JSON here instead of stdout")
     add_runtime_options(p)
@@ -91,22 +92,28 @@ def prefill_then_steps(model, ids: list[int], steps: int) -> tuple[float, list[f
     return prefill_s, times
 
 
+def pair_and_prompt(args) -> tuple:
+    """The pair and the ``low`` prompt every measurement here runs on (``--input-tokens`` of ``--source-dir``)."""
+    from rift_ada.data.tasks import build_tasks, encode
+    from rift_ada.models import load_pair
+
+    pair = load_pair(args.target, args.drafter, dtype=args.dtype, device=args.device)
+    task = build_tasks(pair.tokenizer, "low", n=1, input_tokens=args.input_tokens, seed=args.seed,
+                       source_dir=args.source_dir)[0]
+    return pair, encode(pair.tokenizer, task.prompt)
+
+
 @torch.inference_mode()
 def measure(args) -> dict:
     from tqdm.auto import tqdm
 
     from rift_ada.bench import draft_ms_per_step, verify_ms_per_round
-    from rift_ada.data.tasks import build_tasks, encode
     from rift_ada.evaluate import decode
     from rift_ada.layout import CacheLayout
     from rift_ada.metrics import acceptance_length
-    from rift_ada.models import load_pair
     from rift_ada.speculative import SpeculativeDecoder
 
-    pair = load_pair(args.target, args.drafter, dtype=args.dtype, device=args.device)
-    task = build_tasks(pair.tokenizer, "low", n=1, input_tokens=args.input_tokens, seed=args.seed,
-                       source_dir=args.source_dir)[0]
-    ids = encode(pair.tokenizer, task.prompt)
+    pair, ids = pair_and_prompt(args)
     out = {"prompt_tokens": len(ids), "source_dir": args.source_dir, "threads": torch.get_num_threads(),
            "budget": args.budget, "draft_length": args.draft_length, "steps": args.steps}
     bar = tqdm(total=3, desc="testbed costs", file=sys.stderr)
@@ -136,15 +143,11 @@ def measure(args) -> dict:
 @torch.inference_mode()
 def round_costs(args) -> dict:
     """The round costs at this length and the full-cache draft step, as ``costs.testbed`` (gpu_check's format)."""
-    from rift_ada.data.tasks import build_tasks, encode
     from rift_ada.joint.costs import measure_round_costs
     from rift_ada.layout import CacheLayout
-    from rift_ada.models import load_pair
     from rift_ada.speculative import SpeculativeDecoder
 
-    pair = load_pair(args.target, args.drafter, dtype=args.dtype, device=args.device)
-    ids = encode(pair.tokenizer, build_tasks(pair.tokenizer, "low", n=1, input_tokens=args.input_tokens,
-                                             seed=args.seed, source_dir=args.source_dir)[0].prompt)
+    pair, ids = pair_and_prompt(args)
     dec = SpeculativeDecoder(pair.target, pair.draft, CacheLayout("rift", budget=args.budget),
                              draft_length=args.draft_length, draft_step="static", verify_step="static")
     costs = measure_round_costs(dec, {len(ids): ids}, args.draft_lengths, progress=True)

@@ -86,13 +86,9 @@ def main(argv=None) -> int:
         apply_runtime(args)
         check_output(args.output)
         if args.replay_tables:
-            from pathlib import Path
+            from rift_ada.replay.table import load_folder
 
-            from rift_ada.replay import ReplayTable
-
-            tables = [ReplayTable.load(f) for f in sorted(Path(args.replay_tables).glob("*.safetensors"))]
-            if not tables:
-                raise FileNotFoundError(f"no replay tables (*.safetensors) in {args.replay_tables}")
+            tables = load_folder(args.replay_tables)
             rows = [bench_replay(tables, n, args.steps, args.refresh_every) for n in args.envs]
             return report(rows, args)
         layout = policy_from_args(args, "rift-ada", controller="never").layout

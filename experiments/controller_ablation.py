@@ -54,12 +54,11 @@ def main(argv=None) -> int:
     p.add_argument("--variants", nargs="*", default=list(GROUPS), help=f"of: {', '.join(GROUPS)}")
     args = p.parse_args(argv)
     try:
-        from rift_ada.replay import ReplayTable
-        from rift_ada.replay.table import job_tables
+        from rift_ada.replay.table import job_tables, load_folder
 
         opts, train, heldout = job_tables(args.run)
         if args.heldout_tables:
-            heldout = [ReplayTable.load(f) for f in sorted(Path(args.heldout_tables).glob("*.safetensors"))]
+            heldout = load_folder(args.heldout_tables)
         if not heldout:
             raise FileNotFoundError(f"no held-out tables in {args.heldout_tables or args.run}")
         unknown = [v for v in args.variants if v not in GROUPS]

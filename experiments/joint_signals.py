@@ -66,17 +66,18 @@ def summarise(x: np.ndarray) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from rift_ada.replay import ReplayTable
+    from rift_ada.replay.table import load_folder
 
-    groups: dict = {}
-    for path in sorted(Path(args.tables).glob("*.safetensors")):
-        t = ReplayTable.load(path)
-        # the nearest whole K: a prompt falls a little short of its target length
-        key = f"{'heldout' if path.name.startswith('heldout') else 'train'} {round(t.prompt_len / 1024)}K"
-        groups.setdefault(key, []).append(points(t, args.k, args.stride))
-    if not groups:
-        print(f"error: no replay tables (*.safetensors) in {args.tables}", file=sys.stderr)
+    try:
+        tables = load_folder(args.tables)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
+    groups: dict = {}
+    for t in tables:
+        # the nearest whole K: a prompt falls a little short of its target length
+        key = f"{'heldout' if Path(t.path).name.startswith('heldout') else 'train'} {round(t.prompt_len / 1024)}K"
+        groups.setdefault(key, []).append(points(t, args.k, args.stride))
     report = {key: summarise(np.concatenate(xs)) for key, xs in groups.items()}
     for key, r in report.items():
         print(f"{key}: {r['points']} points, expected accepted of {args.k}: {r['accepted_mean']:.2f}; correlation "

@@ -453,15 +453,12 @@ def model_section(args) -> dict:
     """Modelled decode tokens/s of ``--tables`` under the costs of ``--model-from``, per draft, at each length."""
     from rift_ada.joint.costs import RoundCosts
     from rift_ada.joint.replay import modelled_paths
-    from rift_ada.replay.table import ReplayTable
+    from rift_ada.replay.table import load_folder
 
     measured = json.loads(Path(args.model_from).read_text())
     if "costs" not in measured:
         raise ValueError(f"{args.model_from}: no costs (a gpu_check JSON whose steps section finished)")
-    files = sorted(Path(args.tables).glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"--tables {args.tables}: no .safetensors replay tables there")
-    tables = [ReplayTable.load(f) for f in files]
+    tables = load_folder(args.tables)  # the main tables: a paper-regime folder also holds SnapKV's, window's, ...
     controller = None
     if args.controller:
         from rift_ada.joint.control import is_joint

@@ -97,6 +97,7 @@ def test_modelled_tokens_per_second_price_tables_with_measured_costs(tmp_path, m
     pairing of options is refused in one line."""
     from rift_ada.joint.costs import RoundCosts
     from rift_ada.policies import make_policy
+    from rift_ada.replay import ReplayTable
     from rift_ada.replay.build import build_table
     from rift_ada.speculative import Decoding
     from tests.conftest import random_model
@@ -128,6 +129,17 @@ def test_modelled_tokens_per_second_price_tables_with_measured_costs(tmp_path, m
         assert row["rift_dyn"]["refreshes"] > 0 and row["full"]["refreshes"] == 0
     # Dearer steps at 4K: every path slower there.
     assert all(x["4000"][p]["tokens_per_s"] < x["1000"][p]["tokens_per_s"] for p in ("greedy", "full", "rift_dyn"))
+    # A table derived from t0 for another cache (a paper-regime folder holds them beside the main ones) is not priced
+    # as if it were this decoder's; a main table of other settings is refused in one line.
+    other = ReplayTable.load(tables / "t0.safetensors")
+    other.header = {**other.header, "layout": {**other.header["layout"], "kind": "window"}}
+    other.save(tables / "t0.window.safetensors")
+    again = tmp_path / "again.json"
+    assert run_script(monkeypatch, "--model-from", str(measured), "--tables", str(tables), "--draft-length", "4",
+                      "--period", "8", "--output", str(again)) == 0
+    assert json.loads(again.read_text())["tables"] == 2 and json.loads(again.read_text())["drafts"]["x"] == x
+    (tables / "t0.window.safetensors").rename(tables / "t2.safetensors")
+    assert run_script(monkeypatch, "--model-from", str(measured), "--tables", str(tables)) == 2
     assert run_script(monkeypatch, "--model-from", str(measured)) == 2
     assert run_script(monkeypatch, "--sections", "steps,bogus") == 2
 

@@ -21,7 +21,7 @@ from ..rounds import entropy, sampling_probs, token_probs
 from ..signals import RUNWAY_CAP
 from ..speculative import Decoding
 from .rows import Dense, RowPass, dense_pass, selections
-from .table import FORMAT, ReplayTable, fingerprint, layout_dict
+from .table import FORMAT, ReplayTable, derived_path, fingerprint, layout_dict
 
 
 def check_layout(layout: CacheLayout, prompt_len: int) -> None:
@@ -203,7 +203,7 @@ def derive_tables(pair, base: ReplayTable, layouts: dict, stem: Path) -> dict:
 
     out, dense = {}, {}
     for key in tqdm(layouts, desc=f"derived tables of {stem.name}", leave=False):
-        path, layout = stem.with_name(f"{stem.name}.{key}.safetensors"), layouts[key]
+        path, layout = derived_path(stem, key), layouts[key]
         expected = {"layout": layout_dict(layout), **{k: base.header[k] for k in ("target", "temperature", "seed",
                                                                                 "prompt_sha")}}
         t = stored(path, expected)

@@ -180,6 +180,32 @@ def _short(v) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def derived_path(stem: Path, key: str) -> Path:
+    """Where the table derived from ``<stem>.safetensors`` under another layout ``key`` lives
+    (``replay.build.derive_tables``): beside it, so :func:`load_folder` must tell the two apart."""
+    return stem.with_name(f"{stem.name}.{key}.safetensors")
+
+
+def load_folder(folder) -> list[ReplayTable]:
+    """The main tables in ``folder`` (``<name>.safetensors``), in name order, without the tables derived from them
+    (``<name>.<key>.safetensors``: SnapKV, window or other budgets over the same continuations, :func:`derived_path`),
+    which stand for other caches and must not be replayed as if they were the same decoder's. ValueError (one line)
+    if there are none, or if they were built with different settings."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder}: no such folder of replay tables")
+    tables = [ReplayTable.load(f) for f in sorted(folder.glob("*.safetensors")) if "." not in f.stem]
+    if not tables:
+        raise ValueError(f"{folder}: no replay tables (<name>.safetensors; tables derived from them, "
+                         "<name>.<key>.safetensors, are not read)")
+    first = tables[0]
+    for t in tables[1:]:
+        if (diff := [k for k in SETTINGS if _canon(t.header.get(k)) != _canon(first.header.get(k))]):
+            raise ValueError(f"{folder}: its tables were built with different settings ({', '.join(diff)}: "
+                             f"{Path(first.path).name} and {Path(t.path).name}); give one decoder's tables")
+    return tables
+
+
 def job_tables(run) -> tuple[dict, list[ReplayTable], list[ReplayTable]]:
     """A main job's output folder (``experiments/train_controller.py --output-dir``): its options
     (``state/config.json``), its training tables (``tables/train-*``) and its held-out ones (``tables/heldout-*``).

@@ -315,10 +315,25 @@ def test_the_bench_compares_the_controller_with_greedy_and_the_fixed_settings(jo
     for family in ("low", "high", "all"):
         assert {"greedy", "best_fixed", "length_table", "joint"} <= set(row[family])
         assert all(v["tokens_per_s"] > 0 for k, v in row[family].items() if k != "same_output")
+    for base in ("best_fixed", "greedy"):  # one prompt per family: the interval is that prompt's ratio alone
+        x = row["ratios"][f"joint_over_{base}"]
+        assert x["ratio"] == pytest.approx(row["all"]["joint"]["tokens_per_s"] / row["all"][base]["tokens_per_s"])
+        assert x["interval"] == pytest.approx([x["ratio"]] * 2) and x["prompts_per_family"] == {"low": 1, "high": 1}
     for family in ("low", "high"):
         assert all(row[family]["same_output"].values()), row[family]["same_output"]
         assert sum(row[family]["joint"]["k_share"].values()) == pytest.approx(1.0, abs=1e-3)  # shares to 4 places
     assert bench.main(argv[:-2] + ["--task", "nope"]) == 2
+
+
+def test_the_bench_ratio_interval_resamples_prompts_within_families():
+    """Two prompts of one family, the joint row slow on the second: the point is tokens over seconds of both (0.8x),
+    and the resampled interval runs from both picks of the second (0.5x) to both of the first (2x)."""
+    from rift_ada.joint.bench import ratio_interval
+
+    x = ratio_interval({"low": {"joint": [(100, 1.0), (100, 4.0)], "best_fixed": [(100, 2.0), (100, 2.0)]}},
+                       "joint", "best_fixed")
+    assert x["ratio"] == pytest.approx(0.8) and x["interval"] == pytest.approx([0.5, 2.0])
+    assert x["prompts_per_family"] == {"low": 2}
 
 
 def test_joint_options_are_checked_with_joint_only(capsys):

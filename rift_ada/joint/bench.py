@@ -87,7 +87,7 @@ def bench_controller(pair, controller, prompts_by_family: dict, args) -> dict:
     layout = controller.cache_layout()
     k = max(r.k_max for r in rows.values())
     eos = pair.tokenizer.eos_token_id
-    out, totals = {}, {}
+    out, totals, per_prompt = {}, {}, {}
     # One prefill per prompt for every row and repeat (decode alone is timed; at 16K a prefill costs minutes): the
     # target's for plain decoding, both caches' for the speculative rows (copied: reuse_prefill).
     dec = SpeculativeDecoder.for_pair(pair, layout, Decoding(k, args.temperature, seed=args.seed, draft_step=steps,
@@ -121,9 +121,37 @@ def bench_controller(pair, controller, prompts_by_family: dict, args) -> dict:
         for name, r in runs.items():
             tok, sec = totals.get(name, (0, 0.0))
             totals[name] = (tok + sum(len(x[0]) - 1 for x in r), sec + sum(x[1] for x in r))
+            # per prompt (its repeats together): what the interval below resamples
+            for i in range(len(prompts)):
+                mine = r[i * args.repeats:(i + 1) * args.repeats]
+                per_prompt.setdefault(family, {}).setdefault(name, []).append(
+                    (sum(len(x[0]) - 1 for x in mine), sum(x[1] for x in mine)))
     bar.close()
     out["all"] = {name: {"tokens_per_s": tok / sec} for name, (tok, sec) in totals.items()}
+    out["ratios"] = {f"joint_over_{base}": ratio_interval(per_prompt, "joint", base, args.seed)
+                     for base in ("best_fixed", "greedy") if base in ("greedy", *rows)}
     return out
+
+
+def ratio_interval(per_prompt: dict, row: str, base: str, seed: int = 0, resamples: int = 2000) -> dict:
+    """``row``'s tokens/s over ``base``'s across every family (tokens over seconds, as "all"), and its 95% bootstrap
+    interval: prompts resampled within each family, a prompt's rows kept together (each row's continuation at T > 0
+    is its own draw, so which prompts a bench holds moves the ratio more than timing noise does)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    arr = {f: np.asarray([rows[row], rows[base]], dtype=np.float64) for f, rows in per_prompt.items()}  # (2, n, 2)
+
+    def ratio(picks) -> float:
+        tok_s = [sum(arr[f][j, idx, 0].sum() for f, idx in picks.items()) /
+                 sum(arr[f][j, idx, 1].sum() for f, idx in picks.items()) for j in (0, 1)]
+        return tok_s[0] / tok_s[1]
+
+    point = ratio({f: np.arange(a.shape[1]) for f, a in arr.items()})
+    boot = [ratio({f: rng.integers(0, a.shape[1], a.shape[1]) for f, a in arr.items()}) for _ in range(resamples)]
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return {"ratio": point, "interval": [float(lo), float(hi)],
+            "prompts_per_family": {f: int(a.shape[1]) for f, a in arr.items()}}
 
 
 def summarize(runs: list, costs) -> dict:

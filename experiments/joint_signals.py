@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     from rift_ada.replay.table import load_folder
 
     try:
-        tables = load_folder(args.tables)
+        tables = load_folder(args.tables, one_decoder=False)  # a study table by table
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -99,7 +99,7 @@ def build_table(target, draft, prompt_ids: Sequence[int], layout: CacheLayout, d
     ``tokens``: a continuation the target emitted already (e.g. a real decode's output), instead of decoding one;
     ``p``: the target's probability of each of them (:func:`target_probs`), instead of a target pass."""
     prompt_ids = list(prompt_ids)
-    P, grid = len(prompt_ids), layout.refresh_grid
+    P = len(prompt_ids)
     check_layout(layout, P)
     seconds = {}
     t0 = time.perf_counter()

@@ -186,11 +186,12 @@ def derived_path(stem: Path, key: str) -> Path:
     return stem.with_name(f"{stem.name}.{key}.safetensors")
 
 
-def load_folder(folder) -> list[ReplayTable]:
+def load_folder(folder, one_decoder: bool = True) -> list[ReplayTable]:
     """The main tables in ``folder`` (``<name>.safetensors``), in name order, without the tables derived from them
     (``<name>.<key>.safetensors``: SnapKV, window or other budgets over the same continuations, :func:`derived_path`),
     which stand for other caches and must not be replayed as if they were the same decoder's. ValueError (one line)
-    if there are none, or if they were built with different settings."""
+    if there are none, or (``one_decoder``: for a replay that stands for one decoder) if they were built with different
+    settings."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"{folder}: no such folder of replay tables")
@@ -199,7 +200,7 @@ def load_folder(folder) -> list[ReplayTable]:
         raise ValueError(f"{folder}: no replay tables (<name>.safetensors; tables derived from them, "
                          "<name>.<key>.safetensors, are not read)")
     first = tables[0]
-    for t in tables[1:]:
+    for t in tables[1:] if one_decoder else ():
         if (diff := [k for k in SETTINGS if _canon(t.header.get(k)) != _canon(first.header.get(k))]):
             raise ValueError(f"{folder}: its tables were built with different settings ({', '.join(diff)}: "
                              f"{Path(first.path).name} and {Path(t.path).name}); give one decoder's tables")

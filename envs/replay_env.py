@@ -27,7 +27,7 @@ import numpy as np
 from rift_ada import signals
 from rift_ada.costs import CostModel
 from rift_ada.replay.process import Replay
-from rift_ada.replay.table import ReplayTable
+from rift_ada.replay.table import ReplayTable, check_same_settings
 
 from . import render
 from .costs import cost_model
@@ -118,11 +118,3 @@ class ReplayEnv(gym.Env):
         return {"accepted": rec.accepted if rec else 0, "refreshed": rec.refreshed if rec else False,
                 "acceptance_length": r.acceptance_length(), "refreshes": r.refreshes, "generated_tokens": r.g,
                 "table_index": self.table_index}
-
-
-def check_same_settings(tables: Sequence[ReplayTable]) -> None:
-    """ValueError (one line) unless every table was built with the same models and settings (one environment, one
-    decoder it stands for)."""
-    first = tables[0].settings()
-    for t in tables[1:]:
-        t.check(**first)

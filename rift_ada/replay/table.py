@@ -199,12 +199,17 @@ def load_folder(folder, one_decoder: bool = True) -> list[ReplayTable]:
     if not tables:
         raise ValueError(f"{folder}: no replay tables (<name>.safetensors; tables derived from them, "
                          "<name>.<key>.safetensors, are not read)")
-    first = tables[0]
-    for t in tables[1:] if one_decoder else ():
-        if (diff := [k for k in SETTINGS if _canon(t.header.get(k)) != _canon(first.header.get(k))]):
-            raise ValueError(f"{folder}: its tables were built with different settings ({', '.join(diff)}: "
-                             f"{Path(first.path).name} and {Path(t.path).name}); give one decoder's tables")
+    if one_decoder:
+        check_same_settings(tables)
     return tables
+
+
+def check_same_settings(tables) -> None:
+    """ValueError (one line) unless every table was built with the same models and settings (one decoder they stand
+    for: an environment's, a pricing's)."""
+    first = tables[0].settings()
+    for t in tables[1:]:
+        t.check(**first)
 
 
 def job_tables(run) -> tuple[dict, list[ReplayTable], list[ReplayTable]]:

@@ -73,7 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output", default=None, help="also write the JSON here")
     m = p.add_argument_group("modelled tokens/s (no device)")
     m.add_argument("--model-from", default=None, help="a JSON this script wrote: model from its costs instead")
-    m.add_argument("--tables", default=None, help="a folder of replay tables to price (its main tables, <name>.safetensors; those derived from them for other caches are not read)")
+    m.add_argument("--tables", default=None,
+                   help="a folder of replay tables to price (its main tables, <name>.safetensors; those derived "
+                        "from them for other caches are not read)")
     m.add_argument("--controller", default=None, help="a joint controller file to price beside the fixed paths")
     add_runtime_options(p)
     args = p.parse_args(argv)

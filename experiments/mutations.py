@@ -130,4 +130,9 @@ MUTATIONS = [
              [("rift_ada/cache.py", "        upto = self.refresh_point()\n", "        upto = self.prompt_len\n")],
              ["tests/test_cache.py::test_per_head_selection_and_refresh_reaches_generated_tokens",
               "tests/test_regression.py::test_pinned_acceptance_length[self/rift-dyn]"]),
+    Mutation("priced-by-learned-costs", "a priced joint controller ignores the deciding machine's costs",
+             [("rift_ada/joint/control.py",
+               "return price_vector(self.prices or self.costs, self.choices, ctx, state.since_draft)",
+               "return price_vector(self.costs, self.choices, ctx, state.since_draft)")],
+             ["tests/test_joint.py::test_a_tokens_controller_is_priced_by_the_costs_of_the_machine_it_decides_on"]),
 ]

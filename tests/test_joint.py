@@ -62,6 +62,44 @@ def test_round_costs_interpolate_extend_round_trip_and_say_where_they_were_measu
         c.check(budget=128)
 
 
+def constant_policy(predicts: str, tokens=(1.0, 1.5)) -> JointPolicy:
+    """A learned controller whose scores are constant: k = 0 scores tokens[0], k = 2 tokens[1]."""
+    import torch
+
+    from rift_ada.joint.control import NAMES
+    from rift_ada.refresh.mlp import build_mlp
+
+    net = build_mlp([len(NAMES), 2], "tanh")
+    with torch.no_grad():
+        net[0].weight.zero_()
+        net[0].bias.copy_(torch.tensor(tokens))
+    return JointPolicy(net, [(False, 0), (False, 2)], COSTS, np.zeros(len(NAMES)), np.ones(len(NAMES)),
+                       "priced", predicts=predicts)
+
+
+def test_a_tokens_controller_is_priced_by_the_costs_of_the_machine_it_decides_on(tmp_path):
+    """Expected tokens 1.0 (plain step) and 1.5 (draft 2): at 256 tokens COSTS price a k = 2 round at 1.9 plain
+    steps (2 drafts of 2 ms, a verify of 3 of 15 ms, a plain step 10 ms), so it steps plainly; on a machine whose
+    verify is nearly a plain step's (11 ms, drafts 0.5 ms: 1.2) it drafts. A gain controller's scores are priced
+    already: the same net drafts whatever the costs."""
+    from rift_ada.signals import DecoderState
+
+    state = DecoderState(0, 64, 0, 0, 0.0, (), 0.0, 0.0, 100, prompt_tokens=256)
+    cheap = replace(COSTS, verify_s=((0.010, 0.011, 0.011), (0.020, 0.022, 0.022)), draft_s=(0.0005, 0.0005))
+    c = constant_policy("tokens")
+    assert c.price(state) == pytest.approx([1.0, 1.9])
+    assert c.act(state) == (False, 0)
+    c.prices = cheap
+    assert c.price(state) == pytest.approx([1.0, 1.2]) and c.act(state) == (False, 2)
+    g = constant_policy("gain")
+    assert g.act(state) == (False, 2) and not g.price(state).any()
+    c.save(tmp_path / "c.pt")
+    again = JointPolicy.load(tmp_path / "c.pt")
+    assert again.predicts == "tokens" and again.prices is None and again.act(state) == (False, 0)
+    with pytest.raises(ValueError, match="one of gain, tokens"):
+        constant_policy("seconds")
+
+
 def test_measured_costs_come_from_real_rounds():
     pair = cached_testbed_pair("testbed")
     dec = SpeculativeDecoder.for_pair(pair, LAYOUT, Decoding(4, draft_step="static", verify_step="static"))
@@ -263,15 +301,16 @@ def joint_run(tmp_path_factory):
 def test_the_joint_job_exports_one_file_per_family_with_its_costs_and_baselines(joint_run, capsys):
     out, argv = joint_run
     summary = json.loads((out / "joint.json").read_text())
-    assert set(summary["heldout_modelled"]) == {"greedy", "best_fixed", "length_table", "gain", "ppo"}
+    assert set(summary["heldout_modelled"]) == {"greedy", "best_fixed", "length_table", "gain", "priced", "ppo"}
     assert summary["costs"]["lengths"] == [512, 1024] and summary["costs"]["blocks"] == [1, 3, 5]
     # training tables at each length, each priced at its own (grouped by the nearest measured length)
     assert len(list((out / "tables").glob("train-1024-*.safetensors"))) == 2
     assert set(summary["train_modelled"]["gain"]) == {"512", "1024", "all"}
     assert len(summary["heldout_modelled"]["greedy"]) == 2  # one held-out table: its length and "all"
-    for family in ("gain", "ppo"):
+    for family in ("gain", "priced", "ppo"):
         c = load_controller(out / f"controller-joint-{family}.pt")
         assert isinstance(c, JointPolicy) and c.family == family and c.k_max == 4
+        assert c.predicts == ("tokens" if family == "priced" else "gain")
         assert c.baselines["best_fixed"]["kind"] == "fixed" and c.layout["budget"] == 64
         assert c.costs == RoundCosts.from_dict(summary["costs"])
     assert list((out / "wandb").glob("offline-run-*"))
@@ -289,7 +328,7 @@ def test_trained_joint_controllers_are_lossless_in_decode_and_rift_generate(join
     ids = prompt("low", seed=5)
     eos = pair.tokenizer.eos_token_id
     ref = greedy_reference(pair.target, ids, 48, eos)
-    for family in ("gain", "ppo"):
+    for family in ("gain", "priced", "ppo"):
         c = load_controller(out / f"controller-joint-{family}.pt")
         dec = SpeculativeDecoder.for_pair(pair, c.cache_layout(), Decoding(4))
         assert decode(dec, ids, 48, c).tokens == ref
@@ -313,7 +352,8 @@ def test_the_bench_compares_the_controller_with_greedy_and_the_fixed_settings(jo
     assert r["best_fixed"].startswith(("k=", "speculate-never")) and r["costs"]["budget"] == 64
     (row,) = r["lengths"]
     for family in ("low", "high", "all"):
-        assert {"greedy", "best_fixed", "length_table", "joint"} <= set(row[family])
+        table = "length_table" if "length_table" in row[family] else None  # left out: the best fixed setting's
+        assert {"greedy", "best_fixed", "joint"} <= set(row[family]) and (table or "best fixed" in r["length_table"])
         assert all(v["tokens_per_s"] > 0 for k, v in row[family].items() if k != "same_output")
     for base in ("best_fixed", "greedy"):  # one prompt per family: the interval is that prompt's ratio alone
         x = row["ratios"][f"joint_over_{base}"]
@@ -323,6 +363,34 @@ def test_the_bench_compares_the_controller_with_greedy_and_the_fixed_settings(jo
         assert all(row[family]["same_output"].values()), row[family]["same_output"]
         assert sum(row[family]["joint"]["k_share"].values()) == pytest.approx(1.0, abs=1e-3)  # shares to 4 places
     assert bench.main(argv[:-2] + ["--task", "nope"]) == 2
+
+
+def test_the_bench_can_price_the_controller_by_costs_it_measures_there_first(joint_run, tmp_path):
+    out, _ = joint_run
+    report = tmp_path / "bench.json"
+    argv = ["--controller", str(out / "controller-joint-priced.pt"), "--lengths", "512", "--prompts", "1",
+            "--max-new-tokens", "24", "--repeats", "1", "--task", "low", "--temperature", "0", "--measure-costs",
+            "--output", str(report)]
+    assert script_module("bench_decode").main(argv) == 0
+    r = json.loads(report.read_text())
+    (row,) = r["lengths"]
+    assert r["costs"].startswith("measured at each length")
+    measured = RoundCosts.from_dict(row["costs"])
+    assert measured.lengths == (len(prompt("low")),) and measured.blocks == (1, 3, 5)  # the bench's own prompt
+    assert measured != load_controller(out / "controller-joint-priced.pt").costs  # another measurement, another spell
+    assert all(row["low"]["same_output"].values())
+    assert all(v["modelled_tokens_per_s"] > 0 for k, v in row["low"].items() if k != "same_output")
+
+
+def test_the_bench_runs_a_length_table_only_where_it_differs_from_the_best_fixed_setting():
+    from rift_ada.joint.bench import same_decisions
+    from rift_ada.joint.control import LengthTable
+
+    assert same_decisions(LengthTable((0, 1000), (1, 1), 64), FixedJoint(1, 64))
+    assert not same_decisions(LengthTable((0, 1000), (1, 5), 64), FixedJoint(1, 64))
+    assert not same_decisions(LengthTable((0, 1000), (1, 1), 32), FixedJoint(1, 64))
+    assert same_decisions(LengthTable((0, 1000), (0, 0), 32), FixedJoint(0))  # never drafting: no period to differ
+    assert not same_decisions(LengthTable((0,), (1,), 64), None)
 
 
 def test_the_bench_ratio_interval_resamples_prompts_within_families():

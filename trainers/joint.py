@@ -5,7 +5,8 @@ and choosing the fixed settings it is compared with on the same tables.
   second over the training tables priced at every measured context length, and a context-length table of k (the best
   k per length at that period).
 - ``fit_gains``: the "gain" family, an MLP regressing each action's expected time gain over greedy decoding, read
-  from the tables, on the observation (DAgger over its own states).
+  from the tables, on the observation (DAgger over its own states); with ``predicts="tokens"`` the "priced" family,
+  the same regression of each action's expected tokens, priced when it decides by the deciding machine's costs.
 - ``train_ppo_joint``: PPO (stable-baselines3) in ``JointReplayEnv`` from the gain family's clone; ``export_joint``
   turns its policy into a torch-only ``JointPolicy`` (VecNormalize's observation statistics baked in).
 - ``run_job`` / ``finish``: the main job's ``--joint`` branch (experiments/train_controller.py). Background:
@@ -24,7 +25,7 @@ from rift_ada.joint.costs import RoundCosts
 from rift_ada.joint.replay import replay_joint
 
 PERIODS = (8, 16, 32, 64, 128, None)  # None: never refresh
-FAMILIES = ("gain", "ppo")  # the learned joint families, in training order (PPO starts from the gain family's clone)
+FAMILIES = ("gain", "priced", "ppo")  # the learned joint families, in training order (PPO starts from the gain clone)
 RESULT_FILES = ("joint.json", *(f"controller-joint-{f}.pt" for f in FAMILIES))
 
 
@@ -70,27 +71,37 @@ def choose_baselines(tables, costs: RoundCosts, draft_lengths=DRAFT_LENGTHS, per
             "grid": [[kk, pp, s["all"]["tokens_per_s"]] for (kk, pp), s in scores.items()]}
 
 
-def gains(env, horizon: int = 16) -> np.ndarray:
-    """Each action's expected gain at the env's state, read from the table (what no controller sees): the round's
-    expected emitted tokens (1 + the sum of the products of its drafts' acceptance probabilities) less its modelled
-    seconds in plain target steps; a refresh also counts the acceptance its new selection adds over the next
-    ``horizon`` tokens (its lasting effect, beyond this round)."""
-    r, costs = env.replay, env.costs
-    context, out = r.prompt_tokens + r.g, np.empty(len(env.choices))
-    fresh = (r.g - r.pending) // r.G
+def values(env, horizon: int = 16) -> np.ndarray:
+    """Each action's expected tokens at the env's state, read from the table (what no controller sees): the round's
+    expected emitted tokens (1 + the sum of the products of its drafts' acceptance probabilities); a refresh also
+    counts the acceptance its new selection adds over the next ``horizon`` tokens (its lasting effect, beyond this
+    round). What the "priced" family learns (its price is subtracted when it decides)."""
+    r = env.replay
+    out, fresh = np.empty(len(env.choices)), (r.g - r.pending) // r.G
     for i, (refresh, k) in enumerate(env.choices):
         row, kk = (fresh if refresh else r.row), min(k, r.max_new - r.g - 1)
-        expected = 1.0 + float(np.cumprod(r.acc[row, r.g:r.g + kk]).sum()) if kk > 0 else 1.0
-        out[i] = expected - costs.round_seconds(kk, refresh and kk > 0, context, r.since_draft) / env.plain_s
+        out[i] = 1.0 + float(np.cumprod(r.acc[row, r.g:r.g + kk]).sum()) if kk > 0 else 1.0
         if refresh:
             out[i] += float(r.acc[fresh, r.g:r.g + horizon].sum() - r.acc[r.row, r.g:r.g + horizon].sum())
     return out
 
 
+def gains(env, horizon: int = 16) -> np.ndarray:
+    """Each action's expected gain over greedy decoding: :func:`values` less its modelled seconds in plain target
+    steps (the round's drafts clipped to the tokens left). What the "gain" family learns."""
+    r, costs = env.replay, env.costs
+    context, price = r.prompt_tokens + r.g, np.empty(len(env.choices))
+    for i, (refresh, k) in enumerate(env.choices):
+        kk = max(min(k, r.max_new - r.g - 1), 0)
+        price[i] = costs.round_seconds(kk, refresh and kk > 0, context, r.since_draft) / env.plain_s
+    return values(env, horizon) - price
+
+
 def gain_samples(tables, costs: RoundCosts, draft_lengths=DRAFT_LENGTHS, episodes: int = 96, explore: float = 0.5,
-                 seed: int = 0, policy: JointPolicy | None = None):
-    """(observations, gains per action) at the states reached in ``JointReplayEnv`` by ``policy`` (None: the best
-    action in hindsight) or, with probability ``explore``, a random action."""
+                 seed: int = 0, policy: JointPolicy | None = None, predicts: str = "gain"):
+    """(observations, gains per action, or expected tokens with ``predicts="tokens"``) at the states reached in
+    ``JointReplayEnv`` by ``policy`` (None: the best action in hindsight) or, with probability ``explore``, a random
+    action."""
     from rift_ada.envs.joint_env import JointReplayEnv
 
     env = JointReplayEnv(tables, costs, draft_lengths)
@@ -102,33 +113,37 @@ def gain_samples(tables, costs: RoundCosts, draft_lengths=DRAFT_LENGTHS, episode
         while not done:
             g = gains(env)
             xs.append(obs)
-            ys.append(g)
+            ys.append(g if predicts == "gain" else values(env))
             if rng.random() < explore:
                 a = int(rng.integers(len(env.choices)))
+            elif policy is None:
+                a = int(g.argmax())
             else:
-                a = int(g.argmax()) if policy is None else int(policy.act_batch(obs[None])[0])
+                a = int(policy.act_batch(obs[None], policy.price(env.replay.state)[None])[0])
             obs, _, done, _, _ = env.step(a)
     return np.asarray(xs, np.float32), np.asarray(ys, np.float32)
 
 
 def fit_gains(tables, costs: RoundCosts, draft_lengths=DRAFT_LENGTHS, episodes: int = 96, epochs: int = 30,
-              dagger_rounds: int = 3, seed: int = 0, baselines: dict | None = None) -> JointPolicy:
+              dagger_rounds: int = 3, seed: int = 0, baselines: dict | None = None,
+              predicts: str = "gain") -> JointPolicy:
     """The "gain" family: an MLP regressing each action's expected gain on the observation (the conditional mean of
     what the table knows, given what the controller sees); it takes the action of highest predicted gain. Fitted
     first on the states hindsight-best and random actions reach, then ``dagger_rounds - 1`` times more adding the
     states its own last fit reaches (DAgger): where it goes, e.g. long plain stretches on novel code, it learns what
-    drafting would gain there."""
+    drafting would gain there. ``predicts="tokens"``: the "priced" family, the same regression of each action's
+    expected tokens (:func:`values`), priced when it decides by the costs of the machine it runs on."""
     xs, ys, policy = [], [], None
     for r in range(dagger_rounds):
         x, y = gain_samples(tables, costs, draft_lengths, episodes, 0.5 if policy is None else 0.1, seed + 7919 * r,
-                            policy)
+                            policy, predicts)
         xs.append(x)
         ys.append(y)
-        policy = _fit(np.concatenate(xs), np.concatenate(ys), costs, draft_lengths, epochs, seed, baselines)
+        policy = _fit(np.concatenate(xs), np.concatenate(ys), costs, draft_lengths, epochs, seed, baselines, predicts)
     return policy
 
 
-def _fit(x, y, costs, draft_lengths, epochs: int, seed: int, baselines) -> JointPolicy:
+def _fit(x, y, costs, draft_lengths, epochs: int, seed: int, baselines, predicts: str = "gain") -> JointPolicy:
     from rift_ada.refresh.mlp import build_mlp
 
     mean, var = x.mean(0).astype(np.float64), x.var(0).astype(np.float64)
@@ -144,7 +159,8 @@ def _fit(x, y, costs, draft_lengths, epochs: int, seed: int, baselines) -> Joint
             opt.zero_grad()
             loss.backward()
             opt.step()
-    return JointPolicy(net.eval(), actions(draft_lengths), costs, mean, var, "gain", 10.0, 1e-8, dict(baselines or {}))
+    return JointPolicy(net.eval(), actions(draft_lengths), costs, mean, var, "gain" if predicts == "gain" else "priced",
+                       10.0, 1e-8, dict(baselines or {}), predicts=predicts)
 
 
 def train_ppo_joint(tables, costs: RoundCosts, timesteps: int, draft_lengths=DRAFT_LENGTHS, seed: int = 0,
@@ -252,9 +268,9 @@ def length_tables(out, pair, args, layout, decoding) -> list:
 
 
 def run_job(out, state, run, args, pair, layout, decoding, train_tables, heldout_tables) -> dict:
-    """Training tables at the other --joint-lengths, costs, baselines, the gain family and PPO (from the gain family's
-    clone), each a resumable unit; exports one file per family and ``joint.json`` (each row's modelled tokens/s on
-    the training and the held-out tables per length)."""
+    """Training tables at the other --joint-lengths, costs, baselines, the gain and priced families and PPO (from the
+    gain family's clone), each a resumable unit; exports one file per family and ``joint.json`` (each row's modelled
+    tokens/s on the training and the held-out tables per length)."""
     from dataclasses import asdict, fields, replace
 
     from rift_ada.joint.control import baseline
@@ -292,6 +308,7 @@ def run_job(out, state, run, args, pair, layout, decoding, train_tables, heldout
         files[name] = JointPolicy.load(path)
 
     family("gain", lambda: fit_gains(train_tables, costs, args.draft_lengths, seed=args.seed))
+    family("priced", lambda: fit_gains(train_tables, costs, args.draft_lengths, seed=args.seed, predicts="tokens"))
 
     def ppo():
         from .wandb_logging import sb3_logger

@@ -1,10 +1,11 @@
 """The decode benchmark's controller rows (``experiments/bench_decode.py --controller FILE``): decode-only tokens per
 second of plain decoding (``greedy``: the target alone, one token per forward on the static cache, sampling at
 T > 0), the best fixed (k, period) chosen on the training prompts (``best_fixed``), the context-length k table
-(``length_table``) and the controller (``joint``), per input length and task family, each prompt's rows run one
-after another and repeated in a rotating order in this one process (a slow spell of the machine falls on every row
-alike). Beside the measured speed: each row's AL, refreshes, the k it chose per family, and the speed its cost model
-predicted for the same rounds.
+(``length_table``, left out where it is the best fixed setting at every length) and the controller (``joint``), per
+input length and task family, each prompt's rows run one after another and repeated in a rotating order in this one
+process (a slow spell of the machine falls on every row alike). Beside the measured speed: each row's AL, refreshes,
+the k it chose per family, and the speed its cost model predicted for the same rounds (with ``--measure-costs``, the
+costs measured here first, which also price the controller's decisions).
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ def add_controller_options(parser) -> None:
                    "package's name: pip); default the held-out standard library files")
     g.add_argument("--temperature", type=float, default=1.0, help="with --controller (0: greedy, checked lossless)")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--measure-costs", action="store_true",
+                   help="before each length's rows, measure this machine's round costs there (a few minutes) and "
+                        "price the controller's decisions and every row's modelled speed by them instead of the "
+                        "costs in its file")
 
 
 def check_controller_args(args) -> None:
@@ -52,7 +57,8 @@ def check_controller_args(args) -> None:
         path, args.controller = args.controller, load_controller(args.controller)
         rows_of(args.controller)
         args.controller_path = str(path)
-        args.controller.costs.check(where=str(path))
+        if not getattr(args, "measure_costs", False):
+            args.controller.costs.check(where=str(path))
 
 
 def controller_report(args) -> dict:
@@ -63,7 +69,10 @@ def controller_report(args) -> dict:
             "source_dir": args.source_dir or "stdlib", "prompts": args.prompts, "repeats": args.repeats,
             "max_new_tokens": args.max_new_tokens, "threads": args.threads, "device": args.device,
             **{name: rows[name].describe() for name in ("best_fixed", "length_table") if name in rows},
-            "costs": c.costs.to_dict(), "lengths": []}
+            **({} if "length_table" in rows or "length_table" not in c.baselines else
+               {"length_table": "the best fixed setting at every length (its rows are best_fixed's)"}),
+            "costs": "measured at each length (lengths[].costs)" if getattr(args, "measure_costs", False)
+            else c.costs.to_dict(), "lengths": []}
 
 
 @torch.inference_mode()
@@ -74,8 +83,15 @@ def rows_of(controller) -> dict[str, JointController]:
         raise ValueError("--controller needs a joint controller file (train_controller.py --joint writes them)")
     rows = {"best_fixed": baseline(controller.baselines["best_fixed"])} if "best_fixed" in controller.baselines else {}
     if "length_table" in controller.baselines:
-        rows["length_table"] = baseline(controller.baselines["length_table"])
+        table, fixed = baseline(controller.baselines["length_table"]), rows.get("best_fixed")
+        if not same_decisions(table, fixed):  # every length's best k the fixed one's: its rows would repeat them
+            rows["length_table"] = table
     return {**rows, "joint": controller}
+
+
+def same_decisions(table, fixed) -> bool:
+    """Whether a length table decides as a fixed setting does at every context (one k everywhere, the same period)."""
+    return fixed is not None and set(table.ks) == {fixed.k} and (fixed.k == 0 or table.period == fixed.period)
 
 
 def bench_controller(pair, controller, prompts_by_family: dict, args) -> dict:
@@ -93,6 +109,8 @@ def bench_controller(pair, controller, prompts_by_family: dict, args) -> dict:
     dec = SpeculativeDecoder.for_pair(pair, layout, Decoding(k, args.temperature, seed=args.seed, draft_step=steps,
                                                              verify_step=steps))
     dec.reuse_prefill = True
+    if getattr(args, "measure_costs", False):
+        costs = controller.prices = measure_here(dec, prompts_by_family, sorted({k for _, k in controller.choices}))
     bar = tqdm(total=sum(map(len, prompts_by_family.values())) * args.repeats * (len(rows) + 1),
                desc=f"{len(next(iter(prompts_by_family.values()))[0])}-token prompts")
     for family, prompts in prompts_by_family.items():
@@ -128,9 +146,24 @@ def bench_controller(pair, controller, prompts_by_family: dict, args) -> dict:
                     (sum(len(x[0]) - 1 for x in mine), sum(x[1] for x in mine)))
     bar.close()
     out["all"] = {name: {"tokens_per_s": tok / sec} for name, (tok, sec) in totals.items()}
+    if getattr(args, "measure_costs", False):
+        out["costs"] = costs.to_dict()
     out["ratios"] = {f"joint_over_{base}": ratio_interval(per_prompt, "joint", base, args.seed)
                      for base in ("best_fixed", "greedy") if base in ("greedy", *rows)}
     return out
+
+
+def measure_here(dec, prompts_by_family: dict, draft_lengths):
+    """The round costs of this machine at this length, measured with the bench's own decoder on its first prompt that
+    runs long enough without an end-of-text token (rift_ada.joint.costs.measure_round_costs)."""
+    from .costs import measure_round_costs
+
+    for ids in (ids for prompts in prompts_by_family.values() for ids in prompts):
+        try:
+            return measure_round_costs(dec, {len(ids): ids}, draft_lengths, progress=True)
+        except ValueError as e:
+            error = e
+    raise error
 
 
 def ratio_interval(per_prompt: dict, row: str, base: str, seed: int = 0, resamples: int = 2000) -> dict:

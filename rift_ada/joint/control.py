@@ -35,6 +35,7 @@ IDLE_SCALE = 64.0  # tokens since the last drafting round, as the `idle` signal 
 NAMES = signals.NAMES + ("idle", "acc_seen", "drafted", "acc_long", "target_p", "match", "draft_cost", "verify_cost",
                          "refresh_cost")
 KIND = "joint"
+PREDICTS = ("gain", "tokens")  # what a learned joint controller's scores are (JointPolicy.predicts)
 
 
 def actions(draft_lengths) -> list[tuple[bool, int]]:
@@ -56,6 +57,13 @@ def observe(state: signals.DecoderState, costs: RoundCosts, k_max: int, context:
              state.accepted_total / state.drafted_total if state.drafted_total else 1.0, state.target_p,
              min(state.match, signals.MATCH_CAP) / signals.MATCH_CAP] + costs.features(ctx, k_max)
     return np.concatenate([signals.observe(state), np.asarray(extra, dtype=np.float32)]).astype(np.float32)
+
+
+def price_vector(costs: RoundCosts, choices, context: float, missed: int = 0) -> np.ndarray:
+    """Each (refresh, k) choice's modelled seconds at ``context`` (``missed``: plain-step tokens since the draft last
+    ran), in plain target steps there: what a round costs in the tokens greedy decoding would emit meanwhile."""
+    plain = costs.verify(1, context)
+    return np.asarray([costs.round_seconds(k, refresh and k > 0, context, missed) / plain for refresh, k in choices])
 
 
 class JointController:
@@ -122,7 +130,14 @@ class LengthTable(JointController):
 class JointPolicy(JointController):
     """A learned joint controller: an MLP from :func:`observe` (normalised) to one score per action; the best is
     taken. ``family`` names how it learned ("ppo", ...); ``baselines`` records the fixed settings chosen beside it
-    on the same training prompts (the bench runs them as its ``best_fixed`` and ``length_table`` rows)."""
+    on the same training prompts (the bench runs them as its ``best_fixed`` and ``length_table`` rows).
+
+    ``predicts``: what a score is. "gain": the action's time gain over greedy decoding, the costs it learned with
+    baked in (they are also in its observation). "tokens": the tokens the action is expected to emit (its refresh's
+    lasting acceptance counted), from which the action's price under ``prices`` (:func:`price_vector`) is subtracted
+    when it decides: a machine whose plain step got cheaper against a verify moves its decisions with no retraining.
+    ``prices``: the round costs of the machine it decides on (not stored; None: ``costs``; the bench measures them).
+    """
 
     kind: ClassVar[str] = KIND
     net: nn.Sequential
@@ -135,18 +150,39 @@ class JointPolicy(JointController):
     epsilon: float = 1e-8
     baselines: dict = field(default_factory=dict)
     layout: dict = field(default_factory=dict)  # the draft cache it learned with (``CacheLayout``'s fields)
+    predicts: str = "gain"
+    prices: RoundCosts | None = None
+
+    def __post_init__(self):
+        if self.predicts not in PREDICTS:
+            raise ValueError(f"a joint controller's scores are one of {', '.join(PREDICTS)}, got {self.predicts!r}")
 
     @property
     def k_max(self) -> int:
         return max(k for _, k in self.choices)
 
     @torch.no_grad()
-    def act_batch(self, observations: np.ndarray) -> np.ndarray:
+    def act_batch(self, observations: np.ndarray, prices: np.ndarray | None = None) -> np.ndarray:
+        """The best action per observation; ``prices`` (observations x actions, :meth:`price`) are subtracted from
+        the scores first."""
         x = normalize(np.asarray(observations, np.float64), self.obs_mean, self.obs_var, self.epsilon, self.clip)
-        return self.net(torch.as_tensor(x, dtype=torch.float32)).argmax(-1).numpy()
+        scores = self.net(torch.as_tensor(x, dtype=torch.float32)).numpy()
+        return (scores if prices is None else scores - prices).argmax(-1)
+
+    def price(self, state, context: float | None = None) -> np.ndarray:
+        """What :meth:`act_batch` subtracts at ``state``: each action's price under :attr:`prices` if the scores are
+        tokens, zeros if they are gains (priced when it learned)."""
+        if self.predicts == "gain":
+            return np.zeros(len(self.choices))
+        ctx = state.prompt_tokens + state.generated if context is None else context
+        return price_vector(self.prices or self.costs, self.choices, ctx, state.since_draft)
 
     def act(self, state, context: float | None = None):
-        return self.choices[int(self.act_batch(observe(state, self.costs, self.k_max, context)[None])[0])]
+        # A gain controller reads the deciding machine's costs as features; a tokens one reads its own (there they
+        # only locate the context) and is priced by the deciding machine's.
+        features = self.costs if self.predicts == "tokens" else (self.prices or self.costs)
+        obs = observe(state, features, self.k_max, context)
+        return self.choices[int(self.act_batch(obs[None], self.price(state, context)[None])[0])]
 
     def save(self, path) -> None:
         sizes = [m.in_features for m in self.net if isinstance(m, nn.Linear)] + [self.net[-1].out_features]
@@ -156,7 +192,7 @@ class JointPolicy(JointController):
                     "choices": [[bool(r), int(k)] for r, k in self.choices], "costs": self.costs.to_dict(),
                     "obs_mean": [float(x) for x in self.obs_mean], "obs_var": [float(x) for x in self.obs_var],
                     "clip": float(self.clip), "epsilon": float(self.epsilon), "baselines": self.baselines,
-                    "layout": self.layout}, path)
+                    "layout": self.layout, "predicts": self.predicts}, path)
 
     def cache_layout(self):
         """The ``CacheLayout`` it learned with (a RIFT cache at its costs' budget if the file names none)."""
@@ -192,7 +228,7 @@ class JointPolicy(JointController):
         return cls(net.eval(), [(bool(r), int(k)) for r, k in choices],
                    RoundCosts.from_dict(d.get("costs") or {}, str(path)), mean, var, str(d.get("family", "ppo")),
                    float(d.get("clip", 10.0)), float(d.get("epsilon", 1e-8)), dict(d.get("baselines") or {}),
-                   dict(d.get("layout") or {}))
+                   dict(d.get("layout") or {}), str(d.get("predicts", "gain")))
 
     @classmethod
     def load(cls, path: str | Path) -> "JointPolicy":

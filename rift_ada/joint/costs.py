@@ -32,7 +32,8 @@ def machine() -> dict:
     except OSError:
         pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"cpu": cpu, "threads": torch.get_num_threads(), "gpu": gpu, "torch": torch.__version__}
+    # str: torch.__version__ is a TorchVersion, which a controller file (plain values only) would refuse to load
+    return {"cpu": cpu, "threads": torch.get_num_threads(), "gpu": gpu, "torch": str(torch.__version__)}
 
 
 @dataclass(frozen=True)
@@ -172,24 +173,26 @@ MISSED = (1, 2, 4, 8, 16, 48)  # plain-step tokens before a drafting round whose
 
 
 def measure_round_costs(decoder, prompts: dict[int, list[int]], draft_lengths=(0, 1, 2, 3, 5, 8, 11),
-                        repeats: int = 8, seed: int = 0, progress: bool = False, missed=MISSED) -> RoundCosts:
+                        repeats: int = 12, seed: int = 0, progress: bool = False, missed=MISSED) -> RoundCosts:
     """Run real rounds of ``decoder`` (its layout must refresh) on ``prompts`` (context length -> prompt ids): at each
-    length, ``repeats`` rounds at every draft length in ``draft_lengths`` (0 included: a plain target step), in a
-    shuffled order (so a slow spell of the machine falls on every k alike), every fourth one refreshing, after one
-    warm-up round. Each phase's median is the model; a wider verify never costs less than a narrower one (the
-    medians of a few rounds jitter by more than a block's difference on a busy CPU: the running maximum over widths
-    is kept). Then the catch-up: for each count m in ``missed``, m plain steps and a round drafting one token, three
-    times; the draft's seconds beyond one draft token (the median) is what reading m missed tokens costs."""
+    length, after one warm-up round, ``repeats`` rounds at every draft length k >= 1 in ``draft_lengths``, in a
+    shuffled order, every fourth one refreshing, each followed by a plain target step (k = 0). What decides a joint
+    controller is a round's cost against a plain step's, and a busy machine's load drifts by more than a verify of 2
+    differs from one of 1: so each phase is measured against the plain step beside it (the median of those ratios),
+    and the model holds those ratios times the plain steps' median. A wider verify never costs less than a narrower
+    one (the running maximum over widths is kept). Then the catch-up: for each count m in ``missed``, m plain steps
+    and a round drafting one token, three times; the draft's seconds beyond one draft token (the median) is what
+    reading m missed tokens costs."""
     from ..costs import check_refreshable
 
     check_refreshable(decoder.layout)
     ks = sorted(set(int(k) for k in draft_lengths) | {0})
     if max(ks) > decoder.k or len(ks) < 2:
         raise ValueError(f"draft lengths {ks} must include one >= 1 and stay <= the decoder's k ({decoder.k})")
-    order = [k for k in ks for _ in range(repeats)]
+    order = [k for k in ks if k for _ in range(repeats)]
     np.random.default_rng(seed).shuffle(order)
     missed = sorted(set(int(m) for m in missed))
-    need = sum(k + 1 for k in order) + max(ks) + 2 + 3 * sum(m + 4 for m in missed)
+    need = sum(k + 2 for k in order) + max(ks) + 2 + 3 * sum(m + 4 for m in missed)
     # Phase times need the device finished at each phase's end (a device round otherwise reads it once, at its end).
     phase_sync, decoder.phase_sync = decoder.phase_sync, True
     try:
@@ -205,7 +208,8 @@ def _measure(decoder, prompts, ks, order, missed, need, progress) -> RoundCosts:
     for length in tqdm(lengths, desc="round costs", disable=not progress):
         decoder.reset(prompts[length], need)
         decoder.step(True, max(ks))  # warm-up: first-call allocations are not a round's cost
-        times, drafts, refreshes = {k: [] for k in ks}, [], []
+        ratios, plain, drafts, refreshes = {k: [] for k in ks}, [], [], []
+
         def step(refresh: bool, k: int):
             if decoder.done:
                 raise ValueError(f"measuring round costs: the generation at {length} tokens ended early (an EOS): "
@@ -213,15 +217,18 @@ def _measure(decoder, prompts, ks, order, missed, need, progress) -> RoundCosts:
             return decoder.step(refresh, k)
 
         for i, k in enumerate(order):
-            rec = step(k > 0 and i % 4 == 0, k)
-            times[k].append(rec.verify_seconds + rec.rollback_seconds)
-            if rec.draft_length:
-                drafts.append(rec.draft_seconds / rec.draft_length)
+            rec, beside = step(i % 4 == 0, k), step(False, 0)
+            base = beside.verify_seconds + beside.rollback_seconds
+            plain.append(base)
+            ratios[k].append((rec.verify_seconds + rec.rollback_seconds) / base)
+            drafts.append(rec.draft_seconds / rec.draft_length / base)
             if rec.refreshed:
-                refreshes.append(rec.refresh_seconds)
-        verify.append(tuple(np.maximum.accumulate([median(times[k]) for k in ks]).tolist()))
-        draft.append(median(drafts))
-        refresh.append(median(refreshes))
+                refreshes.append(rec.refresh_seconds / base)
+        plain_s = median(plain)
+        verify.append(tuple(np.maximum.accumulate([plain_s] + [median(ratios[k]) * plain_s for k in ks if k]).tolist()))
+        # Each drafting round here follows a plain step, so its draft reads one missed token too (catch_up(1) ~ 0)
+        draft.append(median(drafts) * plain_s)
+        refresh.append(median(refreshes) * plain_s)
         extra = {m: [] for m in missed}
         for m in [m for m in missed for _ in range(3)]:
             step(False, 1)  # the draft is current: the m plain steps below are all it misses

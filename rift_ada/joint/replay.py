@@ -70,7 +70,7 @@ def modelled_paths(tables, costs: RoundCosts, full_draft_s, k: int = 11, period:
             "full": (full_tables, lambda s: (False, k), full_costs, k),
             "rift_dyn": (tables, lambda s: (s.tokens_since_refresh >= period, k), costs, k)}
     if controller is not None:
-        controller.costs = costs  # a learned controller reads the costs it is priced with
+        controller.prices = costs  # a learned controller decides by the costs it is priced with
         runs["joint"] = (tables, controller.act, costs, controller.k_max)
     return {name: replay_joint(ts, act, c, k_max, episodes, price_at=price_at)
             for name, (ts, act, c, k_max) in runs.items()}

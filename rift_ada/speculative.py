@@ -308,6 +308,7 @@ class SpeculativeDecoder:
         kept = self._prefilled
         if self.reuse_prefill and kept is not None and kept[1] == self.layout and torch.equal(kept[0], ids):
             return copy.deepcopy(kept[2])
+        kept = self._prefilled = None  # another prompt's caches go before this prefill (at 16K, gigabytes)
         caches = prefill(self.target, None if self.self_speculative else self.draft, ids, self.layout,
                          self.store_device, self.prefill_chunk)
         self._prefilled = (ids.clone(), self.layout, copy.deepcopy(caches)) if self.reuse_prefill else None

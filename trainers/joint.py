@@ -20,7 +20,7 @@ import json
 import numpy as np
 import torch
 
-from rift_ada.joint.control import DRAFT_LENGTHS, FixedJoint, JointPolicy, actions
+from rift_ada.joint.control import DRAFT_LENGTHS, FixedJoint, JointPolicy, actions, price_vector
 from rift_ada.joint.costs import RoundCosts
 from rift_ada.joint.replay import replay_joint
 
@@ -75,7 +75,8 @@ def values(env, horizon: int = 16) -> np.ndarray:
     """Each action's expected tokens at the env's state, read from the table (what no controller sees): the round's
     expected emitted tokens (1 + the sum of the products of its drafts' acceptance probabilities); a refresh also
     counts the acceptance its new selection adds over the next ``horizon`` tokens (its lasting effect, beyond this
-    round). What the "priced" family learns (its price is subtracted when it decides)."""
+    round). What the "priced" family learns (its price is subtracted when it decides); less :func:`prices`, the
+    expected gain over greedy decoding the "gain" family learns."""
     r = env.replay
     out, fresh = np.empty(len(env.choices)), (r.g - r.pending) // r.G
     for i, (refresh, k) in enumerate(env.choices):
@@ -86,15 +87,11 @@ def values(env, horizon: int = 16) -> np.ndarray:
     return out
 
 
-def gains(env, horizon: int = 16) -> np.ndarray:
-    """Each action's expected gain over greedy decoding: :func:`values` less its modelled seconds in plain target
-    steps (the round's drafts clipped to the tokens left). What the "gain" family learns."""
-    r, costs = env.replay, env.costs
-    context, price = r.prompt_tokens + r.g, np.empty(len(env.choices))
-    for i, (refresh, k) in enumerate(env.choices):
-        kk = max(min(k, r.max_new - r.g - 1), 0)
-        price[i] = costs.round_seconds(kk, refresh and kk > 0, context, r.since_draft) / env.plain_s
-    return values(env, horizon) - price
+def prices(env) -> np.ndarray:
+    """Each action's modelled seconds at the env's state in the episode's plain target steps, the round's drafts
+    clipped to the tokens left (``price_vector``)."""
+    r = env.replay
+    return price_vector(env.costs, env.choices, r.prompt_tokens + r.g, r.since_draft, env.plain_s, r.max_new - r.g - 1)
 
 
 def gain_samples(tables, costs: RoundCosts, draft_lengths=DRAFT_LENGTHS, episodes: int = 96, explore: float = 0.5,
@@ -111,9 +108,10 @@ def gain_samples(tables, costs: RoundCosts, draft_lengths=DRAFT_LENGTHS, episode
         obs, _ = env.reset(seed=seed + ep)
         done = False
         while not done:
-            g = gains(env)
+            v = values(env)
+            g = v - prices(env)
             xs.append(obs)
-            ys.append(g if predicts == "gain" else values(env))
+            ys.append(g if predicts == "gain" else v)
             if rng.random() < explore:
                 a = int(rng.integers(len(env.choices)))
             elif policy is None:

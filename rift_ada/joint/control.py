@@ -59,11 +59,16 @@ def observe(state: signals.DecoderState, costs: RoundCosts, k_max: int, context:
     return np.concatenate([signals.observe(state), np.asarray(extra, dtype=np.float32)]).astype(np.float32)
 
 
-def price_vector(costs: RoundCosts, choices, context: float, missed: int = 0) -> np.ndarray:
+def price_vector(costs: RoundCosts, choices, context: float, missed: int = 0, plain: float | None = None,
+                 left: int | None = None) -> np.ndarray:
     """Each (refresh, k) choice's modelled seconds at ``context`` (``missed``: plain-step tokens since the draft last
-    ran), in plain target steps there: what a round costs in the tokens greedy decoding would emit meanwhile."""
-    plain = costs.verify(1, context)
-    return np.asarray([costs.round_seconds(k, refresh and k > 0, context, missed) / plain for refresh, k in choices])
+    ran), in plain target steps: what a round costs in the tokens greedy decoding would emit meanwhile. ``plain``: the
+    plain step's seconds to count in (None: at ``context``); ``left``: the most drafts the generation has room for
+    (None: no clipping)."""
+    plain = costs.verify(1, context) if plain is None else plain
+    ks = [k if left is None else max(min(k, left), 0) for _, k in choices]
+    return np.asarray([costs.round_seconds(k, refresh and k > 0, context, missed) / plain
+                       for (refresh, _), k in zip(choices, ks)])
 
 
 class JointController:

@@ -135,4 +135,8 @@ MUTATIONS = [
                "return price_vector(self.prices or self.costs, self.choices, ctx, state.since_draft)",
                "return price_vector(self.costs, self.choices, ctx, state.since_draft)")],
              ["tests/test_joint.py::test_a_tokens_controller_is_priced_by_the_costs_of_the_machine_it_decides_on"]),
+    Mutation("rate-takes-the-dearest-period", "the oracle ceiling's rate point takes each prompt's dearest period",
+             [("experiments/oracle_ceiling.py", "        per.append([min([periodic[n][i]",
+               "        per.append([max([periodic[n][i]")],
+             ["tests/test_replay.py::test_oracle_ceiling_bounds_each_prompt_and_says_what_a_learner_needs"]),
 ]

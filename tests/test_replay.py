@@ -517,3 +517,39 @@ def test_real_rounds_stop_where_the_decode_leaves_the_followed_continuation():
     last = cut[-1]
     assert cut == whole[:len(cut)] and last[0] <= 17 < last[0] + last[1] + 1  # stopped after the round holding 17
     assert within(cut, 17) == cut[:-1] and all(p + a + 1 <= 17 for p, a, _ in within(cut, 17))
+
+
+def test_oracle_ceiling_bounds_each_prompt_and_says_what_a_learner_needs(tmp_path):
+    """experiments/oracle_ceiling.py: per prompt (greedy: exact) the oracle costs no more than a prompt's own best
+    period, which costs no more than any period; per family the share a learner needs for 50% fewer refreshes is
+    0.5 over the oracle's saving; a folder without tables is one line."""
+    import importlib.util
+
+    for i in range(2):  # prompt 0 is low, prompt 1 sort (prompts())
+        table(i).save(tmp_path / f"table-{i:03d}-s0.safetensors")
+    spec = importlib.util.spec_from_file_location("oracle_ceiling", "experiments/oracle_ceiling.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    argv = ["--tables-dir", str(tmp_path), "--task", "low,sort", "--periods", "4", "16", "64", "--lams", "1", "4",
+            "--draft-length", "4", "--resamples", "50", "--output", str(tmp_path / "out.json")]
+    args = mod.parse_args(argv)
+    tables, families = mod.load(args)
+    assert families == ["low", "sort"]
+    labels, per = mod.per_prompt_points(tables, args)
+    cost = lambda c, lam: c["rounds"] + lam * c["refreshes"]  # noqa: E731
+    for lam in args.lams:
+        oracle, rate = per[labels.index(("oracle", lam))], per[labels.index(("rate", lam))]
+        for i in range(len(tables)):
+            others = [cost(per[j][i], lam) for j, (f, _) in enumerate(labels) if f in ("never", "periodic")]
+            assert cost(oracle[i], lam) <= cost(rate[i], lam) + 1e-9 and cost(rate[i], lam) == min(others)
+    assert mod.main(argv) == 0
+    out = json.loads((tmp_path / "out.json").read_text())["families"]
+    assert set(out) == {"low", "sort", "pooled"}
+    for fam in out.values():
+        assert {p["family"] for p in fam["points"]} == {"oracle", "rate"} and set(fam["signals"]) == {"refresh", "keep"}
+        for p in fam["points"]:
+            if p["family"] == "oracle" and p["refresh_savings"]:
+                assert p["share_needed_for_half"] == pytest.approx(0.5 / p["refresh_savings"])
+    res = subprocess.run([sys.executable, "experiments/oracle_ceiling.py", "--tables-dir", str(tmp_path / "none")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "no such folder" in res.stderr

@@ -98,25 +98,23 @@ def per_prompt_points(tables, args) -> tuple[list, list]:
 
 def signals_at_decisions(tables, args) -> dict:
     """Percentiles (10, 50, 90) of each signal, and of the tokens since the last scoring, where the oracle at
-    --label-price refreshes and where it keeps, on its own rollouts."""
+    --label-price refreshes and where it keeps, on its own rollouts (``label_states`` with the oracle as behaviour)."""
     from rift_ada import signals
     from rift_ada.replay.oracle import solve
-    from rift_ada.replay.process import Replay
+    from rift_ada.trainers.oracle_labels import label_states
 
-    seen = {"refresh": [], "keep": []}
-    for i, t in enumerate(tables):
-        sched = solve(t, args.draft_length, args.label_price)
-        r = Replay(t, args.draft_length)
-        r.reset(np.random.default_rng(args.seed + i))
-        while not r.done:
-            obs, act = signals.observe(r.state), sched.refreshes(r)
-            seen["refresh" if act else "keep"].append([r.since, *(obs[signals.index(n)] for n in SIGNALS)])
-            r.step(act)
+    schedules = [solve(t, args.draft_length, args.label_price) for t in tables]
+    by_table = {id(t): s for t, s in zip(tables, schedules)}
+    data = label_states(tables, schedules, args.draft_length, lambda rng: lambda r, obs: by_table[id(r.table)].at(
+        r.g, r.pending, r.row), 1, np.random.default_rng(args.seed))
+    since = np.asarray([signals.tokens_since_refresh(x) for x in data.X], np.float64)
+    cols = np.column_stack([since] + [data.X[:, signals.index(n)].astype(np.float64) for n in SIGNALS])
     out = {}
-    for key, rows in seen.items():
-        x = np.asarray(rows, dtype=np.float64).reshape(-1, len(SIGNALS) + 1)
-        out[key] = {"rounds": len(rows)} | {n: ([float(v) for v in np.percentile(x[:, j], (10, 50, 90))] if len(x)
-                                                else None) for j, n in enumerate(("tokens_since_scoring", *SIGNALS))}
+    for key, mask in (("refresh", data.y == 1), ("keep", data.y == 0)):
+        x = cols[mask]
+        out[key] = {"rounds": int(mask.sum())} | {n: ([float(v) for v in np.percentile(x[:, j], (10, 50, 90))]
+                                                     if len(x) else None)
+                                                 for j, n in enumerate(("tokens_since_scoring", *SIGNALS))}
     return out
 
 

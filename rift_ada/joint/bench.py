@@ -109,7 +109,8 @@ def bench_controller(pair, controller, prompts_by_family: dict, args) -> dict:
     dec = SpeculativeDecoder.for_pair(pair, layout, Decoding(k, args.temperature, seed=args.seed, draft_step=steps,
                                                              verify_step=steps))
     dec.reuse_prefill = True
-    if getattr(args, "measure_costs", False):
+    measured = getattr(args, "measure_costs", False)  # callers may pass a namespace without the option
+    if measured:
         costs = controller.prices = measure_here(dec, prompts_by_family, sorted({k for _, k in controller.choices}))
     bar = tqdm(total=sum(map(len, prompts_by_family.values())) * args.repeats * (len(rows) + 1),
                desc=f"{len(next(iter(prompts_by_family.values()))[0])}-token prompts")
@@ -147,7 +148,7 @@ def bench_controller(pair, controller, prompts_by_family: dict, args) -> dict:
                     (sum(len(x[0]) - 1 for x in mine), sum(x[1] for x in mine)))
     bar.close()
     out["all"] = {name: {"tokens_per_s": tok / sec} for name, (tok, sec) in totals.items()}
-    if getattr(args, "measure_costs", False):
+    if measured:
         out["costs"] = costs.to_dict()
     out["ratios"] = {f"joint_over_{base}": ratio_interval(per_prompt, "joint", base, args.seed)
                      for base in ("best_fixed", "greedy") if base in ("greedy", *rows)}

@@ -354,7 +354,11 @@ def test_the_bench_compares_the_controller_with_greedy_and_the_fixed_settings(jo
     for family in ("low", "high", "all"):
         table = "length_table" if "length_table" in row[family] else None  # left out: the best fixed setting's
         assert {"greedy", "best_fixed", "joint"} <= set(row[family]) and (table or "best fixed" in r["length_table"])
-        assert all(v["tokens_per_s"] > 0 for k, v in row[family].items() if k != "same_output")
+        assert all(v["tokens_per_s"] > 0 for k, v in row[family].items() if k not in ("same_output", "ratios"))
+    for family in ("low", "high"):  # each family's own ratios, paired by prompt and repeat
+        x = row[family]["ratios"]["joint_over_greedy"]
+        assert x["ratio"] == pytest.approx(row[family]["joint"]["tokens_per_s"] / row[family]["greedy"]["tokens_per_s"])
+        assert x["prompts_per_family"] == {family: 1}
     for base in ("best_fixed", "greedy"):  # one prompt per family: the interval is that prompt's ratio alone
         x = row["ratios"][f"joint_over_{base}"]
         assert x["ratio"] == pytest.approx(row["all"]["joint"]["tokens_per_s"] / row["all"][base]["tokens_per_s"])
@@ -369,17 +373,21 @@ def test_the_bench_can_price_the_controller_by_costs_it_measures_there_first(joi
     out, _ = joint_run
     report = tmp_path / "bench.json"
     argv = ["--controller", str(out / "controller-joint-priced.pt"), "--lengths", "512", "--prompts", "1",
-            "--max-new-tokens", "24", "--repeats", "1", "--task", "low", "--temperature", "0", "--measure-costs",
-            "--output", str(report)]
-    assert script_module("bench_decode").main(argv) == 0
+            "--max-new-tokens", "24", "--repeats", "2", "--task", "low", "--temperature", "0", "--measure-costs",
+            "--rows", "greedy,joint", "--output", str(report)]
+    bench = script_module("bench_decode")
+    assert bench.main(argv) == 0
     r = json.loads(report.read_text())
     (row,) = r["lengths"]
+    assert r["rows"] == ["greedy", "joint"] and set(row["low"]) == {"greedy", "joint", "same_output", "ratios"}
+    assert set(row["ratios"]) == {"joint_over_greedy"} and row["ratios"]["joint_over_greedy"]["repeats"] == 2
     assert r["costs"].startswith("measured at each length")
     measured = RoundCosts.from_dict(row["costs"])
     assert measured.lengths == (len(prompt("low")),) and measured.blocks == (1, 3, 5)  # the bench's own prompt
     assert measured != load_controller(out / "controller-joint-priced.pt").costs  # another measurement, another spell
     assert all(row["low"]["same_output"].values())
-    assert all(v["modelled_tokens_per_s"] > 0 for k, v in row["low"].items() if k != "same_output")
+    assert all(v["modelled_tokens_per_s"] > 0 for k, v in row["low"].items() if k not in ("same_output", "ratios"))
+    assert bench.main(argv[:-2] + ["--rows", "greedy,best_fixed"]) == 2  # no joint row: nothing to compare
 
 
 def test_the_bench_runs_a_length_table_only_where_it_differs_from_the_best_fixed_setting():
@@ -393,15 +401,23 @@ def test_the_bench_runs_a_length_table_only_where_it_differs_from_the_best_fixed
     assert not same_decisions(LengthTable((0,), (1,), 64), None)
 
 
-def test_the_bench_ratio_interval_resamples_prompts_within_families():
+def test_the_bench_ratio_interval_resamples_prompts_and_their_repeats():
     """Two prompts of one family, the joint row slow on the second: the point is tokens over seconds of both (0.8x),
-    and the resampled interval runs from both picks of the second (0.5x) to both of the first (2x)."""
+    and the resampled interval runs from both picks of the second (0.5x) to both of the first (2x). One prompt whose
+    second repeat ran slow is the same spread one level down: repeats are resampled too, paired with the base's."""
     from rift_ada.joint.bench import ratio_interval
 
-    x = ratio_interval({"low": {"joint": [(100, 1.0), (100, 4.0)], "best_fixed": [(100, 2.0), (100, 2.0)]}},
+    x = ratio_interval({"low": {"joint": [[(100, 1.0)], [(100, 4.0)]], "best_fixed": [[(100, 2.0)], [(100, 2.0)]]}},
                        "joint", "best_fixed")
     assert x["ratio"] == pytest.approx(0.8) and x["interval"] == pytest.approx([0.5, 2.0])
-    assert x["prompts_per_family"] == {"low": 2}
+    assert x["prompts_per_family"] == {"low": 2} and x["repeats"] == 1
+    y = ratio_interval({"sort": {"joint": [[(100, 1.0), (100, 4.0)]], "greedy": [[(100, 2.0), (100, 2.0)]]}},
+                       "joint", "greedy")
+    assert y["ratio"] == pytest.approx(0.8) and y["interval"] == pytest.approx([0.5, 2.0]) and y["repeats"] == 2
+    # paired: a slow spell that fell on both rows of a repeat leaves the ratio where it is
+    z = ratio_interval({"sort": {"joint": [[(100, 1.0), (100, 3.0)]], "greedy": [[(100, 1.0), (100, 3.0)]]}},
+                       "joint", "greedy")
+    assert z["interval"] == pytest.approx([1.0, 1.0])
 
 
 def test_joint_options_are_checked_with_joint_only(capsys):

@@ -28,6 +28,9 @@ def add_controller_options(parser) -> None:
                    help="a controller file: adds greedy, best_fixed, length_table and joint rows per length and task "
                         "family (decode only); the other rows are not run")
     g.add_argument("--task", default="low,sort,high", help="task families, comma-separated (with --controller)")
+    g.add_argument("--rows", default=",".join(ROWS),
+                   help="the rows to run, comma-separated, joint among them (with --controller; default all: "
+                        "e.g. greedy,joint spends a long run on the one comparison)")
     g.add_argument("--source-dir", default=None, help="build prompts from this code base (a folder or an installed "
                    "package's name: pip); default the held-out standard library files")
     g.add_argument("--temperature", type=float, default=1.0, help="with --controller (0: greedy, checked lossless)")
@@ -51,6 +54,9 @@ def check_controller_args(args) -> None:
     if args.temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
     args.source = None if args.source_dir in (None, "stdlib") else source_folder(args.source_dir)
+    args.rows = [r.strip() for r in getattr(args, "rows", ",".join(ROWS)).split(",")]
+    if "joint" not in args.rows or set(args.rows) - set(ROWS):
+        raise ValueError(f"--rows: choose from {', '.join(ROWS)}, joint among them; got {', '.join(args.rows)}")
     if args.controller:
         from ..refresh.loader import load_controller
 
@@ -67,6 +73,8 @@ def controller_report(args) -> dict:
     rows = rows_of(c)
     return {"controller": args.controller_path, "family": c.family, "temperature": args.temperature,
             "source_dir": args.source_dir or "stdlib", "prompts": args.prompts, "repeats": args.repeats,
+            "rows": ["greedy", *(n for n in rows if n in args.rows)] if "greedy" in args.rows else
+            [n for n in rows if n in args.rows],
             "max_new_tokens": args.max_new_tokens, "threads": args.threads, "device": args.device,
             **{name: rows[name].describe() for name in ("best_fixed", "length_table") if name in rows},
             **({} if "length_table" in rows or "length_table" not in c.baselines else
@@ -95,33 +103,35 @@ def same_decisions(table, fixed) -> bool:
 
 
 def bench_controller(pair, controller, prompts_by_family: dict, args) -> dict:
-    """One input length: {family: {row: numbers}} and "all" (every family's tokens over their seconds)."""
+    """One input length: {family: {row: numbers, "ratios": joint over each other row, with intervals}} and "all"
+    (every family's tokens over their seconds), "ratios" over all families."""
     from ..speculative import Decoding, SpeculativeDecoder
 
-    costs, rows = controller.costs, rows_of(controller)
+    costs, wanted = controller.costs, getattr(args, "rows", ROWS)  # callers may pass a namespace without --rows
+    rows = {name: row for name, row in rows_of(controller).items() if name in wanted}
+    names = ["greedy", *rows] if "greedy" in wanted else list(rows)
     steps = costs.steps if costs.steps in ("model", "static", "compiled") else "model"
     layout = controller.cache_layout()
     k = max(r.k_max for r in rows.values())
     eos = pair.tokenizer.eos_token_id
-    out, totals, per_prompt = {}, {}, {}
+    out, totals, per_repeat = {}, {}, {}
     # One prefill per prompt for every row and repeat (decode alone is timed; at 16K a prefill costs minutes): the
     # target's for plain decoding, both caches' for the speculative rows (copied: reuse_prefill).
     dec = SpeculativeDecoder.for_pair(pair, layout, Decoding(k, args.temperature, seed=args.seed, draft_step=steps,
                                                              verify_step=steps))
     dec.reuse_prefill = True
-    measured = getattr(args, "measure_costs", False)  # callers may pass a namespace without the option
+    measured = getattr(args, "measure_costs", False)
     if measured:
         costs = controller.prices = measure_here(dec, prompts_by_family, sorted({k for _, k in controller.choices}))
-    bar = tqdm(total=sum(map(len, prompts_by_family.values())) * args.repeats * (len(rows) + 1),
+    bar = tqdm(total=sum(map(len, prompts_by_family.values())) * args.repeats * len(names),
                desc=f"{len(next(iter(prompts_by_family.values()))[0])}-token prompts")
     for family, prompts in prompts_by_family.items():
-        runs = {name: [] for name in ("greedy", *rows)}
+        runs = {name: [] for name in names}
         for i, ids in enumerate(prompts):
             prefilled = None  # the last prompt's cache goes before this one's prefill (1.2 GB at 16K)
-            prefilled = target_prefill(pair.target, ids)
+            prefilled = target_prefill(pair.target, ids) if "greedy" in names else None
             for rep in range(args.repeats):
-                order = ["greedy", *rows][rep % (len(rows) + 1):] + ["greedy", *rows][:rep % (len(rows) + 1)]
-                for name in order:
+                for name in names[rep % len(names):] + names[:rep % len(names)]:  # each row first in turn
                     bar.update()
                     seed = args.seed + 1000 * i + rep
                     if name == "greedy":
@@ -135,24 +145,29 @@ def bench_controller(pair, controller, prompts_by_family: dict, args) -> dict:
                     records = list(dec.rounds(rows[name].act))
                     runs[name].append((dec.result.tokens, time.perf_counter() - t, records, len(ids)))
         out[family] = {name: summarize(r, costs) for name, r in runs.items()}
-        if args.temperature == 0:
+        if args.temperature == 0 and "greedy" in runs:
             out[family]["same_output"] = {n: [x[0] for x in r] == [x[0] for x in runs["greedy"]]
                                           for n, r in runs.items()}
         for name, r in runs.items():
             tok, sec = totals.get(name, (0, 0.0))
             totals[name] = (tok + sum(len(x[0]) - 1 for x in r), sec + sum(x[1] for x in r))
-            # per prompt (its repeats together): what the interval below resamples
-            for i in range(len(prompts)):
-                mine = r[i * args.repeats:(i + 1) * args.repeats]
-                per_prompt.setdefault(family, {}).setdefault(name, []).append(
-                    (sum(len(x[0]) - 1 for x in mine), sum(x[1] for x in mine)))
+            # per prompt, per repeat: what the intervals below resample (a prompt and repeat's rows ran side by side)
+            per_repeat.setdefault(family, {})[name] = [[(len(x[0]) - 1, x[1]) for x in r[j:j + args.repeats]]
+                                                       for j in range(0, len(r), args.repeats)]
+        out[family]["ratios"] = ratios(per_repeat, names, args.seed, [family])
     bar.close()
     out["all"] = {name: {"tokens_per_s": tok / sec} for name, (tok, sec) in totals.items()}
     if measured:
         out["costs"] = costs.to_dict()
-    out["ratios"] = {f"joint_over_{base}": ratio_interval(per_prompt, "joint", base, args.seed)
-                     for base in ("best_fixed", "greedy") if base in ("greedy", *rows)}
+    out["ratios"] = ratios(per_repeat, names, args.seed)
     return out
+
+
+def ratios(per_repeat: dict, names, seed: int, families=None) -> dict:
+    """The joint row over each other row run (``ratio_interval``), over ``families`` (None: all)."""
+    picked = {f: rows for f, rows in per_repeat.items() if families is None or f in families}
+    return {f"joint_over_{base}": ratio_interval(picked, "joint", base, seed)
+            for base in ("best_fixed", "greedy", "length_table") if base in names}
 
 
 def measure_here(dec, prompts_by_family: dict, draft_lengths):
@@ -168,25 +183,35 @@ def measure_here(dec, prompts_by_family: dict, draft_lengths):
     raise error
 
 
-def ratio_interval(per_prompt: dict, row: str, base: str, seed: int = 0, resamples: int = 2000) -> dict:
-    """``row``'s tokens/s over ``base``'s across every family (tokens over seconds, as "all"), and its 95% bootstrap
-    interval: prompts resampled within each family, a prompt's rows kept together (each row's continuation at T > 0
-    is its own draw, so which prompts a bench holds moves the ratio more than timing noise does)."""
+def ratio_interval(per_repeat: dict, row: str, base: str, seed: int = 0, resamples: int = 2000) -> dict:
+    """``row``'s tokens/s over ``base``'s across the families given (tokens over seconds, as "all"), and its 95%
+    bootstrap interval, resampled at two levels: prompts within each family, then repeats within each prompt picked.
+    ``per_repeat``: {family: {row: [[(tokens, seconds) per repeat] per prompt]}}. A prompt's and a repeat's rows stay
+    together (they ran side by side: a paired comparison); each row's continuation at T > 0 is its own draw, and a
+    repeat its own spell of the machine, so both levels move the ratio."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    arr = {f: np.asarray([rows[row], rows[base]], dtype=np.float64) for f, rows in per_prompt.items()}  # (2, n, 2)
+    arr = {f: np.asarray([rows[row], rows[base]], dtype=np.float64) for f, rows in per_repeat.items()}  # (2, P, R, 2)
 
     def ratio(picks) -> float:
-        tok_s = [sum(arr[f][j, idx, 0].sum() for f, idx in picks.items()) /
-                 sum(arr[f][j, idx, 1].sum() for f, idx in picks.items()) for j in (0, 1)]
+        tok_s = [sum(arr[f][j, p, r, 0].sum() for f, (p, r) in picks.items()) /
+                 sum(arr[f][j, p, r, 1].sum() for f, (p, r) in picks.items()) for j in (0, 1)]
         return tok_s[0] / tok_s[1]
 
-    point = ratio({f: np.arange(a.shape[1]) for f, a in arr.items()})
-    boot = [ratio({f: rng.integers(0, a.shape[1], a.shape[1]) for f, a in arr.items()}) for _ in range(resamples)]
+    def pick(a, everything=False):
+        n_prompts, n_repeats = a.shape[1:3]
+        if everything:
+            return np.arange(n_prompts)[:, None], np.arange(n_repeats)[None, :]
+        prompts = rng.integers(0, n_prompts, n_prompts)
+        return prompts[:, None], rng.integers(0, n_repeats, (n_prompts, n_repeats))
+
+    point = ratio({f: pick(a, True) for f, a in arr.items()})
+    boot = [ratio({f: pick(a) for f, a in arr.items()}) for _ in range(resamples)]
     lo, hi = np.percentile(boot, [2.5, 97.5])
     return {"ratio": point, "interval": [float(lo), float(hi)],
-            "prompts_per_family": {f: int(a.shape[1]) for f, a in arr.items()}}
+            "prompts_per_family": {f: int(a.shape[1]) for f, a in arr.items()},
+            "repeats": int(next(iter(arr.values())).shape[2])}
 
 
 def summarize(runs: list, costs) -> dict:

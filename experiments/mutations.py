@@ -139,4 +139,12 @@ MUTATIONS = [
              [("experiments/oracle_ceiling.py", "        per.append([min([periodic[n][i]",
                "        per.append([max([periodic[n][i]")],
              ["tests/test_replay.py::test_oracle_ceiling_bounds_each_prompt_and_says_what_a_learner_needs"]),
+    Mutation("bench-unpaired-repeats", "the bench's interval draws the base row's repeats apart from the joint row's",
+             [("rift_ada/joint/bench.py",
+               "for f, (p, r) in picks.items()) for j in (0, 1)]\n",
+               "for f, (p, r) in picks.items()) for j in (0, 1)]\n"
+               "        picks = {f: (p, rng.integers(0, arr[f].shape[2], r.shape)) for f, (p, r) in picks.items()}\n"
+               "        tok_s[1] = (sum(arr[f][1, p, r, 0].sum() for f, (p, r) in picks.items())\n"
+               "                    / sum(arr[f][1, p, r, 1].sum() for f, (p, r) in picks.items()))\n")],
+             ["tests/test_joint.py::test_the_bench_ratio_interval_resamples_prompts_and_their_repeats"]),
 ]

@@ -73,8 +73,7 @@ def controller_report(args) -> dict:
     rows = rows_of(c)
     return {"controller": args.controller_path, "family": c.family, "temperature": args.temperature,
             "source_dir": args.source_dir or "stdlib", "prompts": args.prompts, "repeats": args.repeats,
-            "rows": ["greedy", *(n for n in rows if n in args.rows)] if "greedy" in args.rows else
-            [n for n in rows if n in args.rows],
+            "rows": run_rows(c, args.rows),
             "max_new_tokens": args.max_new_tokens, "threads": args.threads, "device": args.device,
             **{name: rows[name].describe() for name in ("best_fixed", "length_table") if name in rows},
             **({} if "length_table" in rows or "length_table" not in c.baselines else
@@ -97,6 +96,11 @@ def rows_of(controller) -> dict[str, JointController]:
     return {**rows, "joint": controller}
 
 
+def run_rows(controller, wanted) -> list[str]:
+    """The rows a bench of ``controller`` runs, in order: greedy, then those of :func:`rows_of` in ``wanted``."""
+    return [name for name in ("greedy", *rows_of(controller)) if name in wanted]
+
+
 def same_decisions(table, fixed) -> bool:
     """Whether a length table decides as a fixed setting does at every context (one k everywhere, the same period)."""
     return fixed is not None and set(table.ks) == {fixed.k} and (fixed.k == 0 or table.period == fixed.period)
@@ -107,9 +111,9 @@ def bench_controller(pair, controller, prompts_by_family: dict, args) -> dict:
     (every family's tokens over their seconds), "ratios" over all families."""
     from ..speculative import Decoding, SpeculativeDecoder
 
-    costs, wanted = controller.costs, getattr(args, "rows", ROWS)  # callers may pass a namespace without --rows
-    rows = {name: row for name, row in rows_of(controller).items() if name in wanted}
-    names = ["greedy", *rows] if "greedy" in wanted else list(rows)
+    costs = controller.costs
+    names = run_rows(controller, getattr(args, "rows", ROWS))  # callers may pass a namespace without --rows
+    rows = {name: row for name, row in rows_of(controller).items() if name in names}
     steps = costs.steps if costs.steps in ("model", "static", "compiled") else "model"
     layout = controller.cache_layout()
     k = max(r.k_max for r in rows.values())

@@ -420,6 +420,27 @@ def test_the_bench_ratio_interval_resamples_prompts_and_their_repeats():
     assert z["interval"] == pytest.approx([1.0, 1.0])
 
 
+def test_the_bench_models_each_run_from_its_own_prefill():
+    """A run that ends stepping plainly leaves nothing for the next run's draft to catch up on (that one starts from a
+    prefill both caches read): the model of a row counts each run's catch-up from its own start."""
+    from types import SimpleNamespace
+
+    from rift_ada.joint.bench import summarize
+
+    costs = replace(COSTS, missed=(1, 8), catch_up_s=((0.001, 0.008), (0.002, 0.016)))
+
+    def rnd(position, k, accepted=0):
+        return SimpleNamespace(position=position, draft_length=k, accepted=accepted, emitted=accepted + 1,
+                               refreshed=False)
+
+    plain = ([0] * 5, 1.0, [rnd(i, 0) for i in range(1, 5)], 256)  # 4 plain steps after the prefill's token
+    probe = ([0] * 3, 1.0, [rnd(1, 2, accepted=1)], 256)  # drafts at once: 2 drafts, 1 accepted
+    row = summarize([plain, probe], costs)
+    seconds = sum(costs.verify(1, 256 + i) for i in range(1, 5)) + costs.round_seconds(2, False, 257, missed=0)
+    assert row["modelled_tokens_per_s"] == pytest.approx(6 / seconds)
+    assert row["acceptance_length"] == 2.0 and row["k_share"] == {0: 0.8, 2: 0.2}
+
+
 def test_joint_options_are_checked_with_joint_only(capsys):
     train_controller = script_module("train_controller")
     assert train_controller.parse_args(["--draft-length", "4"]).output_dir == "runs/controller"  # refresh-only job

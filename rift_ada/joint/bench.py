@@ -231,11 +231,12 @@ def summarize(runs: list, costs) -> dict:
         return {**row, "modelled_tokens_per_s": tokens / modelled}
     drafting = [r for r, _ in rounds if r.draft_length]
     ks = Counter(r.draft_length for r, _ in rounds)
-    modelled, missed = 0.0, 0
-    for r, n in rounds:  # runs' rounds in order: ``missed`` counts the plain-step tokens since the draft last ran
-        missed = missed if r.position else 0
-        modelled += costs.round_seconds(r.draft_length, r.refreshed, n + r.position, missed)
-        missed = 0 if r.draft_length else missed + r.emitted
+    modelled = 0.0
+    for _, _, recs, n in runs:
+        missed = 0  # plain-step tokens since the draft last ran: none after a prefill, which both caches read
+        for r in recs:
+            modelled += costs.round_seconds(r.draft_length, r.refreshed, n + r.position, missed)
+            missed = 0 if r.draft_length else missed + r.emitted
     return {**row, "acceptance_length": sum(r.accepted + 1 for r in drafting) / max(len(drafting), 1),
             "refreshes_per_1k": 1000 * sum(r.refreshed for r, _ in rounds) / tokens,
             "k_share": {int(k): round(n / len(rounds), 4) for k, n in sorted(ks.items())},

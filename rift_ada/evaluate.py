@@ -111,6 +111,40 @@ def evaluate(decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]], cont
     return Evaluation(results, summary, rows)
 
 
+def evaluate_batched(decoder, prompts: Sequence[Sequence[int]], controller=None, max_new_tokens: int = 256,
+                     batch_size: int = 8, greedy_check: bool = False, progress: bool | str = False) -> Evaluation:
+    """``evaluate`` with a ``rift_ada.batch.BatchDecoder``: the prompts in batches of ``batch_size`` (the last one
+    smaller), each row refreshing as ``controller`` decides from its own state. The same summary and rows."""
+    from .batch import decide_rows
+    from .models import greedy_reference
+
+    if greedy_check and decoder.temperature != 0:
+        raise ValueError("the greedy check needs temperature 0")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    results, rows = [], []
+    desc = progress if isinstance(progress, str) else "evaluate"
+    starts = range(0, len(prompts), batch_size)
+    for start in tqdm(starts, desc=desc, disable=not progress):
+        chunk = [list(p) for p in prompts[start:start + batch_size]]
+        decoder.reset(chunk, max_new_tokens)
+        for _ in decoder.rounds(lambda states: decide_rows(controller, states)):
+            pass
+        for j, (ids, res) in enumerate(zip(chunk, decoder.results)):
+            row = {"prompt": start + j, "prompt_tokens": len(ids), "acceptance_length": acceptance_length(res.rounds),
+                   "refreshes": res.refreshes, "generated_tokens": len(res.tokens)}
+            if greedy_check:
+                ref = greedy_reference(decoder.target, ids, max_new_tokens, decoder.eos_token_id)
+                row["target_greedy_match"] = ref == res.tokens
+            results.append(res)
+            rows.append(row)
+    summary = summarize(results, max_new_tokens)
+    matches = [row["target_greedy_match"] for row in rows] if greedy_check else []
+    summary["target_greedy_match"] = sum(matches) / len(matches) if matches else None
+    summary["batch_size"] = batch_size
+    return Evaluation(results, summary, rows)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m rift_ada.evaluate", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -122,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_options(p)
     p.add_argument("--store-device", default=None, help="device of the backing store (default: the model's)")
     add_decoding_options(p)
+    p.add_argument("--batch-size", type=int, default=1,
+                   help="decode this many prompts at once (rift_ada.batch: one RIFT draft cache and refresh schedule "
+                        "per row; model steps only)")
     p.add_argument("--no-greedy-check", action="store_true",
                    help="skip the comparison with the target's own greedy generate (saves one decode per prompt)")
     add_task_options(p, prompts=4, input_tokens=2048, task="low")
@@ -152,20 +189,33 @@ def run(args) -> dict:
         from .lora import load_drafter
 
         draft = load_drafter(pair.draft, args.lora, merge=args.lora_merge)
-    dec = SpeculativeDecoder.for_pair(pair, policy.layout, decoding_from_args(args), draft,
-                                      store_device=args.store_device)
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.batch_size > 1:
+        from .batch import BatchDecoder
+
+        if is_joint(policy.controller):
+            raise ValueError("--batch-size: a joint controller picks one sequence's draft length; a batch takes a "
+                             "refresh controller (its decision per row)")
+        dec = BatchDecoder.for_pair(pair, policy.layout, decoding_from_args(args), draft,
+                                    store_device=args.store_device)
+    else:
+        dec = SpeculativeDecoder.for_pair(pair, policy.layout, decoding_from_args(args), draft,
+                                          store_device=args.store_device)
     prompts = [encode(pair.tokenizer, task.prompt) for task in tasks]
     budget = policy.layout.budget
     whole = [len(ids) for ids in prompts if budget is None or len(ids) <= budget]
     if whole and budget is not None and distributed.is_main():
         print(f"note: budget {budget} >= prompt length for {len(whole)} of {len(prompts)} prompts (up to "
               f"{max(whole)} tokens): the draft cache holds them whole, prefill compresses nothing", file=sys.stderr)
-    if "compiled" in (dec.draft_step, dec.verify_step) and distributed.is_main():
+    if args.batch_size == 1 and "compiled" in (dec.draft_step, dec.verify_step) and distributed.is_main():
         print("note: compiled steps compile during the first prompt (and the verify at each new prompt length), "
               "inside tokens_per_second; experiments/bench_decode.py --compile times them apart", file=sys.stderr)
-    ev = evaluate(dec, prompts, policy.controller, args.max_new_tokens,
-                  greedy_check=args.temperature == 0 and not args.no_greedy_check,
-                  progress=False if args.json else f"{args.policy} (budget {args.budget})")
+    check = args.temperature == 0 and not args.no_greedy_check
+    bar = False if args.json else f"{args.policy} (budget {args.budget})"
+    ev = (evaluate_batched(dec, prompts, policy.controller, args.max_new_tokens, args.batch_size, check, bar)
+          if args.batch_size > 1 else evaluate(dec, prompts, policy.controller, args.max_new_tokens,
+                                               greedy_check=check, progress=bar))
     out = {"policy": policy.name, "budget": budget, "drafter": args.drafter, "target": args.target,
            "draft_length": args.draft_length, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
            **ev.summary, "uncompressed_prompts": len(whole)}

@@ -35,7 +35,10 @@ The ``rift_*`` arguments (a policy as in ``rift_ada.policies``):
 Honoured from ``generate``: ``max_new_tokens`` / ``max_length``, ``do_sample``, ``temperature``, ``top_k``, ``top_p``,
 ``eos_token_id`` and every stopping criterion (checked after each token, so a run stops at the token where plain
 ``generate`` stops), ``streamer`` (the prompt, then one ``put`` per token, then ``end``), ``return_dict_in_generate``
-(``sequences``). Refused, in one line naming the argument: batch > 1, padding, beam search, several return sequences,
+(``sequences``). A batch comes left-padded with its ``attention_mask`` and decodes each row as its own sequence
+(``rift_ada.batch``; rows that end early are right-padded with ``pad_token_id``, as plain ``generate`` pads them).
+Refused, in one line naming the argument: padding other than on the left, a streamer with a batch, beam search,
+several return sequences,
 logits processors other than temperature / top-k / top-p (a repetition penalty or a minimum length would have to be
 applied at each draft position to keep the output distribution the target's), scores, logits, attentions and hidden
 states in the output.
@@ -109,6 +112,10 @@ def rift_generate(model, input_ids: torch.LongTensor, logits_processor=None, sto
     if max_new < 1:
         raise ValueError(f"max_length ({cfg.max_length}) leaves no room after the {prompt_len}-token prompt: set "
                          "max_new_tokens")
+    mask = model_kwargs.get("attention_mask")
+    if input_ids.shape[0] > 1 or (mask is not None and not bool(mask.all())):
+        return _generate_batch(model, draft, policy, rift_draft_length, rift_seed, sampling, input_ids, mask,
+                               max_new, cfg, stopping_criteria, streamer, rift_rounds)
     sequence = torch.empty(1, prompt_len + max_new, dtype=torch.long, device=input_ids.device)
     sequence[:, :prompt_len] = input_ids
     length = prompt_len
@@ -132,6 +139,52 @@ def rift_generate(model, input_ids: torch.LongTensor, logits_processor=None, sto
     sequences = sequence[:, :length]
     if cfg.return_dict_in_generate:
         return RiftGenerateOutput(sequences=sequences, rounds=decoder.result.rounds if rift_rounds else None)
+    return sequences
+
+
+def _generate_batch(model, draft, policy, draft_length, seed, sampling, input_ids, mask, max_new, cfg,
+                    stopping_criteria, streamer, rift_rounds):
+    """A left-padded batch (``rift_ada.batch.BatchDecoder``): each row's prompt is its unpadded tokens, decoded as
+    its own sequence; the output keeps the input's left padding and pads rows that ended early on the right with
+    ``pad_token_id`` (EOS without one), as plain ``generate`` does. A row stops at its stopping criteria."""
+    from .batch import BatchDecoder, decide_rows
+
+    if streamer is not None:
+        raise ValueError("a streamer takes one sequence: rift_generate streams a batch of 1 only")
+    keep = torch.ones_like(input_ids, dtype=torch.bool) if mask is None else mask.bool()
+    prompts = [row[k].tolist() for row, k in zip(input_ids, keep)]
+    decoder = BatchDecoder(model, draft, policy.layout, draft_length, seed=seed, **sampling)
+    decoder.reset(prompts, max_new)
+    rows = decoder.rows
+
+    def stop_rows() -> None:
+        for i in decoder.live:
+            seq = torch.tensor([prompts[i] + rows[i].result.tokens], device=input_ids.device)
+            if stopping_criteria is not None and bool(stopping_criteria(seq, None).all()):
+                rows[i].done = True
+
+    stop_rows()
+    while not decoder.done:
+        decoder.step(decide_rows(policy.controller, decoder.states))
+        stop_rows()
+    pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
+    pad = (pad[0] if isinstance(pad, (list, tuple)) else pad) if pad is not None else 0
+    longest = max(len(r.result.tokens) for r in rows)
+    sequences = torch.full((len(rows), input_ids.shape[1] + longest), int(pad), dtype=torch.long,
+                           device=input_ids.device)
+    sequences[:, :input_ids.shape[1]] = input_ids
+    for i, r in enumerate(rows):
+        tokens = r.result.tokens
+        if stopping_criteria is not None:  # a criterion may fire mid-round: keep what plain generate would
+            for n in range(1, len(tokens) + 1):
+                seq = torch.tensor([prompts[i] + tokens[:n]], device=input_ids.device)
+                if bool(stopping_criteria(seq, None).all()):
+                    tokens = tokens[:n]
+                    break
+        sequences[i, input_ids.shape[1]:input_ids.shape[1] + len(tokens)] = torch.tensor(tokens)
+    if cfg.return_dict_in_generate:
+        return RiftGenerateOutput(sequences=sequences,
+                                  rounds=[r.result.rounds for r in rows] if rift_rounds else None)
     return sequences
 
 
@@ -160,9 +213,6 @@ def _refuse_what_a_round_cannot_honour(input_ids, cfg, model_kwargs, rift_rounds
         raise ValueError(f"num_beams={cfg.num_beams}: rift_generate is speculative decoding, not beam search")
     if getattr(cfg, "num_return_sequences", 1) != 1:
         raise ValueError(f"num_return_sequences={cfg.num_return_sequences}: rift_generate returns one sequence")
-    if input_ids.shape[0] != 1:
-        raise ValueError(f"rift_generate decodes one sequence: got a batch of {input_ids.shape[0]} (input_ids "
-                         f"of shape {tuple(input_ids.shape)}); call generate once per prompt")
     for name in UNSUPPORTED_OUTPUTS:
         if getattr(cfg, name, False):
             raise ValueError(f"{name}=True: rift_generate returns sequences (and rift_rounds), not per-token "
@@ -170,10 +220,15 @@ def _refuse_what_a_round_cannot_honour(input_ids, cfg, model_kwargs, rift_rounds
     if rift_rounds and not cfg.return_dict_in_generate:
         raise ValueError("rift_rounds=True needs return_dict_in_generate=True (the records come as .rounds)")
     mask = model_kwargs.get("attention_mask")
-    if mask is not None and not bool(mask.all()):
-        raise ValueError("attention_mask has padding (generate infers one from pad_token_id in the prompt if none is "
-                         "given): rift_generate decodes one unpadded sequence; pass attention_mask of ones if those "
-                         "tokens are text")
+    if mask is not None:
+        if tuple(mask.shape) != tuple(input_ids.shape):
+            raise ValueError(f"attention_mask of shape {tuple(mask.shape)} does not match input_ids of shape "
+                             f"{tuple(input_ids.shape)}")
+        m = mask.bool()
+        if bool((m[:, 1:] < m[:, :-1]).any()) or not bool(m[:, -1].all()):
+            raise ValueError("attention_mask pads a prompt other than on the left (generate infers one from "
+                             "pad_token_id in the prompt if none is given): rift_generate takes left-padded batches; "
+                             "pass attention_mask of ones if those tokens are text")
     cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
     if cache is not None and cache.get_seq_length() > 0:
         raise ValueError("a filled cache was passed: rift_generate prefills its own caches from input_ids")

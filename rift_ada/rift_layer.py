@@ -89,6 +89,11 @@ class QueryLog:
         self._set(n)
         self.end = end
 
+    @property
+    def buffer(self) -> torch.Tensor | None:
+        """The whole query buffer (b, q_heads, slots, d), filled up to ``size``: what a static step writes into."""
+        return self._q
+
     def advance(self, m: int) -> None:
         """A static step wrote the next ``m`` queries and positions into the buffers: count them."""
         self._set(self._n + m)
@@ -221,6 +226,12 @@ class RiftLayer(CacheLayerMixin):
         self._k, self._v = k, v
         self._set_active(n)
         self.log.adopt(q, qpos, self.length)
+
+    @property
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The active keys' and values' whole buffers (b, kv_heads, capacity, d), filled up to ``n_active``: what a
+        static step (``rift_ada.static``) attends over and writes into, and the shapes its arena copies."""
+        return self._k, self._v
 
     def _set_active(self, n: int) -> None:
         self._n = n

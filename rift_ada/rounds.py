@@ -12,6 +12,9 @@ examined draft in :func:`accept`, so a seed fixes every token.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Sequence
+
 import torch
 
 
@@ -132,3 +135,59 @@ def cut_at_eos(tokens: list[int], eos_token_id: int | None) -> list[int]:
     if eos_token_id is not None and eos_token_id in tokens:
         return tokens[:tokens.index(eos_token_id) + 1]
     return tokens
+
+
+# --- a round's outcome, one row's ---------------------------------------------------------------------------------------
+@dataclass
+class RoundOutcome:
+    """What one row's round decided, as the host sees it: the drafts, how many were accepted, the token the target
+    chose after them, the draft's entropy at each step, the target's probability of each token the round may emit
+    (``drafts[:accepted]`` then ``next_token``; None when greedy: 1 each) and, from a device round, the cache signals
+    of the state the round's decision read (None when they were read before). The host round builds it from host
+    values; the device round packs it on the device (:func:`pack_outcome`), reads every row's at once, and unpacks
+    it here (:func:`unpack_outcomes`): one layout, defined once."""
+
+    drafts: list[int]
+    accepted: int
+    next_token: int
+    entropies: list[float]
+    emitted_p: list[float] | None = None
+    signals: tuple[float, ...] | None = None
+
+    @property
+    def emitted(self) -> list[int]:
+        """The tokens the round emits before any cut at EOS or max_new_tokens."""
+        return self.drafts[:self.accepted] + [self.next_token]
+
+
+def pack_outcome(drafts: torch.Tensor, accepted: torch.Tensor, next_token: torch.Tensor, entropies: torch.Tensor,
+                 emitted_p: torch.Tensor | None = None, signals: torch.Tensor | None = None) -> torch.Tensor:
+    """A :class:`RoundOutcome` as one float64 tensor on the device, nothing read back: [drafts (k) | accepted |
+    next token | entropies (k) | emitted_p (k + 1, sampling only) | signals (when given)]. Token ids are exact in
+    float64 (below 2**53)."""
+    parts = [drafts.double(), accepted.reshape(1).double(), next_token.reshape(1).double(), entropies.double()]
+    if emitted_p is not None:
+        parts.append(emitted_p.double())
+    if signals is not None:
+        parts.append(signals.double())
+    return torch.cat(parts)
+
+
+def outcome_width(k: int, sampled: bool, signals: int = 0) -> int:
+    """How many values :func:`pack_outcome` writes for a round of ``k`` drafts."""
+    return 2 * k + 2 + (k + 1 if sampled else 0) + signals
+
+
+def unpack_outcomes(values: Sequence[float], ks: Sequence[int], sampled: bool, signals: Sequence[int]
+                    ) -> list[RoundOutcome]:
+    """The rows' outcomes from one read of their packed tensors laid end to end (row i: ``ks[i]`` drafts,
+    ``signals[i]`` signal values)."""
+    out, at = [], 0
+    for k, n_sig in zip(ks, signals):
+        v = values[at:at + outcome_width(k, sampled, n_sig)]
+        at += len(v)
+        p = 2 * k + 2
+        out.append(RoundOutcome(drafts=[int(x) for x in v[:k]], accepted=int(v[k]), next_token=int(v[k + 1]),
+                                entropies=list(v[k + 2:p]), emitted_p=list(v[p:p + k + 1]) if sampled else None,
+                                signals=tuple(v[len(v) - n_sig:]) if n_sig else None))
+    return out

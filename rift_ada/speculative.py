@@ -11,8 +11,8 @@ What a round decides from the logits (sampling, the rejection rule, entropy, the
 arithmetic in ``rift_ada.rounds``; the static-shape draft step and verify live in ``rift_ada.static``; a hybrid
 target's rollback (restore its states, replay the kept tokens) in ``rift_ada.recurrent.TargetStates``.
 
-State between rounds: the target's cache holds every token except the last one emitted (``_t_pending``); the draft's
-cache holds every token except ``_d_pending`` (one token, or two after a round in which all k drafts were accepted,
+State between rounds: the target's cache holds every token except the last one emitted (``target_pending``); the draft's
+cache holds every token except ``draft_pending`` (one token, or two after a round in which all k drafts were accepted,
 because the last draft token was never fed to the draft).
 
 Hybrid models (linear-attention / Mamba layers, ``rift_ada.recurrent``) on either side: the draft checkpoints its
@@ -38,7 +38,8 @@ from .layout import CacheLayout
 from .models import check_vocab
 from .recurrent import TargetStates
 from .rift_layer import ROUND_SLACK
-from .rounds import accept, accept_on_device, cut_at_eos, draft_count, entropy, sample, sampling_probs, token_probs
+from .rounds import (RoundOutcome, accept, accept_on_device, cut_at_eos, draft_count, entropy, pack_outcome, sample,
+                     sampling_probs, token_probs, unpack_outcomes)
 from .signals import (FRESH, RUNWAY_CAP, DecoderState, acceptance, recent_after, since_refresh_after, suffix_match,
                       target_p_mean)
 from .static import static_steps
@@ -95,7 +96,7 @@ class DecodeResult:
         return sum(r.refreshed for r in self.rounds)
 
 
-class _Clock:
+class Clock:
     """Wall time of a round's phases, synchronising the device first so GPU work is counted where it happens
     (``sync`` None: host time only, as a round that reads the device once must; the phases then say where the host
     waited, and only their sum is the round's time)."""
@@ -246,7 +247,7 @@ class SpeculativeDecoder:
         self.draft_step, self.verify_step = draft_step, verify_step
         self.prefill_chunk = prefill_chunk_for(prefill_chunk, self.device)
         self._static, self._static_verify = static_steps(self.draft, self.target, draft_step, verify_step, self.k + 1,
-                                                         self._sampling)
+                                                         self.sampling)
         # Both steps static: the round runs on the device and reads it once (``_on_device``).
         self.device_round = self._static is not None and self._static_verify is not None
         self.phase_sync = False  # device rounds: synchronise at each phase, to time them (costs a sync each)
@@ -281,17 +282,17 @@ class SpeculativeDecoder:
             self._static.prepare(self.dcache, room)
         if self._static_verify is not None:
             self.tcache = self._static_verify.cache(self.tcache, room)
-        self._t_states = TargetStates(self.tcache)  # holds nothing unless the target has linear-attention layers
-        first = sample(sampling_probs(logits, *self._sampling), logits, self.generator)
+        self.target_states = TargetStates(self.tcache)  # holds nothing unless the target has linear-attention layers
+        first = sample(sampling_probs(logits, *self.sampling), logits, self.generator)
         self._sync()
         # prompt + emitted tokens, and the target's probability of each emitted one: the signals a plain stretch keeps
         # current (signals.target_p_mean, suffix_match)
         self._context = np.zeros(self.prompt_len + max_new_tokens + self.k + 2, dtype=np.int64)
         self._context[:self.prompt_len] = ids[0].cpu().numpy()
         self._context[self.prompt_len] = first
-        self._p = self._emitted_p(logits[None], [first])
+        self._p = token_probs(logits[None], torch.tensor([first]), *self.sampling).tolist()
         self.result = DecodeResult(self.prompt_len, [first], prefill_seconds=time.perf_counter() - t0)
-        self._t_pending, self._d_pending = [first], [first]
+        self.target_pending, self.draft_pending = [first], [first]
         self.tokens_since_refresh = 0
         self._fresh: list[float] = []  # accepted / k of the first rounds after the last scoring (signals.FRESH)
         self._since_draft = 0  # tokens emitted by plain target steps (k = 0) since the last drafting round
@@ -299,7 +300,7 @@ class SpeculativeDecoder:
         self._drafted = self._accepted = 0  # draft tokens proposed and accepted so far
         self._drift_floor = None  # the drift published right after the last scoring (on the device until read)
         self.done = first == self.eos_token_id or max_new_tokens <= 1
-        self._signals = self._cache_signals()
+        self.published_signals = self._cache_signals()
         self._state = None
 
     def _prefill(self, ids: torch.Tensor):
@@ -334,61 +335,77 @@ class SpeculativeDecoder:
             raise ValueError(f"a round's draft_length must be an integer in [0, {self.k}] (the decoder's "
                              f"draft_length), got {draft_length!r}")
         generated, since = len(self.result.tokens), self.tokens_since_refresh
-        clock = _Clock(self._sync if self.phase_sync or not self.device_round else None)
+        clock = Clock(self._sync if self.phase_sync or not self.device_round else None)
         if refresh:
             self.dcache.refresh()
         clock.lap("refresh")
         k = draft_count(self.k if draft_length is None else draft_length, generated, self.max_new_tokens)
         # The signals the decision read (the state published before this round), read back with the round's results.
-        signals = self._signals if isinstance(self._signals, tuple) else None
+        signals = self.published_signals if isinstance(self.published_signals, tuple) else None
         if self.device_round:
-            drafts, n, nxt, entropies, emitted_p, active, read = self._on_device(k, clock, signals is None)
-            signals = signals or read
+            outcome, active = self._on_device(k, clock, signals is None)
+            signals = signals or outcome.signals
         else:
-            signals = signals or self._resolve_signals()
-            drafts, n, nxt, entropies, t_logits, active = self._on_host(k, clock)
-        replayed = self._roll_back(k, n, drafts, nxt)
+            signals = signals or self.resolve_signals()
+            outcome, active = self._on_host(k, clock)
+        replayed = self.roll_back(k, outcome.accepted, outcome.drafts, outcome.next_token)
         clock.lap("rollback")
-        new = cut_at_eos(drafts[:n] + [nxt], self.eos_token_id)
+        return self.close_round(generated, since, refresh, k, outcome, signals, active, replayed, clock.seconds)
+
+    def close_round(self, generated: int, since: int, refresh: bool, k: int, outcome: RoundOutcome, signals: tuple,
+                     active: dict, replayed: bool, seconds: dict) -> RoundRecord:
+        """After the rollback: append the round's tokens, record it and publish the next state. Shared by this
+        decoder's round and a batch's (``rift_ada.batch``), which runs the forwards for many rows at once and then
+        closes each row's round here."""
+        n = outcome.accepted
+        new = cut_at_eos(outcome.emitted, self.eos_token_id)
         at = self.prompt_len + len(self.result.tokens)
         self._context[at:at + len(new)] = new
-        self._p += emitted_p[:len(new)] if self.device_round else self._emitted_p(t_logits, new)
+        self._p += outcome.emitted_p[:len(new)] if outcome.emitted_p is not None else [1.0] * len(new)
         self.result.tokens.extend(new)
         self.done = new[-1] == self.eos_token_id or len(self.result.tokens) >= self.max_new_tokens
         # The steps up to the first rejected draft: their context is the emitted text (later steps condition on
         # the draft's own rejected tokens), so a replay table, which reads the emitted text, gives the same signal.
-        entropies = entropies[:n + 1]
+        entropies = outcome.entropies[:n + 1]
         runway, focus, drift = signals[:3]
         record = RoundRecord(
             position=generated, accepted=n, emitted=len(new), draft_length=k, refreshed=bool(refresh),
             tokens_since_refresh=since, drift=drift, runway=runway,
             focus=focus, entropy_mean=sum(entropies) / len(entropies) if entropies else 0.0,
             entropy_max=max(entropies, default=0.0), **_kv_bytes(active),
-            state_checkpoint_bytes=self.dcache.checkpoint_bytes(), target_replayed=replayed, **clock.seconds)
+            state_checkpoint_bytes=self.dcache.checkpoint_bytes(), target_replayed=replayed, **seconds)
         self._publish(record)
         return record
 
-    def _on_host(self, k: int, clock: _Clock):
-        """A round's draft, verify and acceptance with the host deciding each token: (drafts, accepted, next token,
-        entropies, the target's logits, the draft's active bytes)."""
+    def _on_host(self, k: int, clock: Clock) -> tuple[RoundOutcome, dict]:
+        """A round's draft, verify and acceptance with the host deciding each token: its outcome and the draft's
+        active bytes."""
         drafts, q_probs, entropies = self._draft(k)
         active = self.dcache.active_bytes_by_kind()
         clock.lap("draft")
-        self._t_states.take()  # a hybrid target's states before the verify forward (none to copy otherwise)
-        t_logits = self._verify(self._t_pending + drafts)
-        n, nxt = accept(drafts, q_probs, t_logits, self.generator, *self._sampling)
+        self.target_states.take()  # a hybrid target's states before the verify forward (none to copy otherwise)
+        t_logits = self._verify(self.target_pending + drafts)
+        n, nxt = accept(drafts, q_probs, t_logits, self.generator, *self.sampling)
         clock.lap("verify")
-        return drafts, n, nxt, entropies, t_logits, active
+        return self.outcome(drafts, n, nxt, entropies, t_logits), active
 
-    def _on_device(self, k: int, clock: _Clock, signals: bool):
+    def outcome(self, drafts: list[int], n: int, nxt: int, entropies: list[float],
+                t_logits: torch.Tensor) -> RoundOutcome:
+        """A host round's :class:`RoundOutcome`; ``t_logits`` the target's at the verified positions (for the
+        probability of each emitted token under the sampling settings, a replay table's ``p``)."""
+        emitted = drafts[:n] + [nxt]
+        p = None if self.temperature == 0 else token_probs(t_logits[:n + 1], torch.tensor(emitted),
+                                                           *self.sampling).tolist()
+        return RoundOutcome(drafts, n, nxt, entropies, p)
+
+    def _on_device(self, k: int, clock: Clock, signals: bool) -> tuple[RoundOutcome, dict]:
         """A round's draft, verify and acceptance with every token kept on the device (both steps static): the draft
         step draws each draft from uniforms drawn once, the acceptance test runs as tensor code (``rounds.
-        accept_on_device``), and the round's results come back in one read (``host_reads``), with the previous
-        state's cache signals when ``signals`` (none was read yet). (drafts, accepted, next token, entropies, the
-        target's probability of each token the round may emit, the draft's active bytes, the signals or None)."""
-        feed = self._d_pending
+        accept_on_device``), and the round's outcome comes back in one read (``host_reads``; ``rounds.pack_outcome``
+        and ``unpack_outcomes``), with the previous state's cache signals when ``signals`` (none was read yet)."""
+        feed = self.draft_pending
         if k and len(feed) > 2:
-            feed = self._catch_up(feed)
+            feed = self.catch_up(feed)
         if k:
             drafts, q_probs, entropies = self._static.round(self.dcache, feed, k, self.generator)
         else:
@@ -396,48 +413,43 @@ class SpeculativeDecoder:
             q_probs, entropies = None, torch.zeros(0, device=self.device)
         active = self.dcache.active_bytes_by_kind()
         clock.lap("draft")
-        t_logits = self._static_verify.on_device(self.tcache, self._t_pending[0], drafts)
+        t_logits = self._static_verify.on_device(self.tcache, self.target_pending[0], drafts)
         sampled = self.temperature > 0
         u = torch.rand(k + 1, generator=self.generator, device=self.device, dtype=torch.float64) if sampled else None
-        n, nxt = accept_on_device(drafts, q_probs, t_logits, u, *self._sampling)
-        parts = [drafts.double(), n[None].double(), nxt[None].double(), entropies.double()]
+        n, nxt = accept_on_device(drafts, q_probs, t_logits, u, *self.sampling)
+        emitted_p = None
         if sampled:  # the target's probability of each token the round may emit: drafts[:n], then nxt
             emit = torch.where(torch.arange(k + 1, device=self.device) < n, torch.cat([drafts, nxt[None]]), nxt)
-            parts.append(token_probs(t_logits, emit, *self._sampling).double())
-        if signals:
-            parts.append(self._signals.double())
-        values = torch.cat(parts).tolist()  # the round's one read of the device
+            emitted_p = token_probs(t_logits, emit, *self.sampling)
+        packed = pack_outcome(drafts, n, nxt, entropies, emitted_p, self.published_signals if signals else None)
+        values = packed.tolist()  # the round's one read of the device
         self.host_reads += 1
         clock.lap("verify")
-        drafts_list = [int(x) for x in values[:k]]
-        n, nxt = int(values[k]), int(values[k + 1])
-        entropies_list = values[k + 2:2 * k + 2]
-        emitted_p = values[2 * k + 2:3 * k + 3] if sampled else [1.0] * (k + 1)
-        read = tuple(values[-4:]) if signals else None
-        if read is not None:
-            self._signals = read
-        return drafts_list, n, nxt, entropies_list, emitted_p, active, read
+        (outcome,) = unpack_outcomes(values, [k], sampled, [4 if signals else 0])
+        if outcome.signals is not None:
+            self.published_signals = outcome.signals
+        return outcome, active
 
     # --- a round's pieces --------------------------------------------------------------------------------------------
     def _draft(self, k: int) -> tuple[list[int], list, list[float]]:
         """k draft tokens, the distributions they were drawn from, and the draft's entropy at each step."""
         drafts, q_probs, entropies = [], [], []
-        feed = self._d_pending
+        feed = self.draft_pending
         if k and self._static is not None and len(feed) > 2:
-            feed = self._catch_up(feed)
+            feed = self.catch_up(feed)
         for i in range(k):
             logits = (forward(self.draft, self.dcache, feed, self.device, observe=True) if self._static is None
                       else self._static.feed(self.dcache, feed))
             if i < k - 1:  # a hybrid draft's states after this token, should the round keep no more (no-op else)
                 self.dcache.checkpoint()
-            q = sampling_probs(logits, *self._sampling)
+            q = sampling_probs(logits, *self.sampling)
             drafts.append(sample(q, logits, self.generator))
             q_probs.append(q)
             entropies.append(float(entropy(logits)))
             feed = drafts[-1:]
         return drafts, q_probs, entropies
 
-    def _catch_up(self, feed: list[int]) -> list[int]:
+    def catch_up(self, feed: list[int]) -> list[int]:
         """Feed the draft all but the last of ``feed`` (the tokens plain target steps emitted since it last drafted)
         in chunks of CATCH_UP_CHUNK, one forward each: the static step takes one token per call, and a stretch of
         plain steps would cost that many draft steps. Each query sees what a step would (``RiftLayer.window_mask``);
@@ -451,30 +463,25 @@ class SpeculativeDecoder:
             layer.log.end = layer.length
         return feed[-1:]
 
-    def _emitted_p(self, t_logits: torch.Tensor, new: list[int]) -> list[float]:
-        """The target's probability of each emitted token under the sampling settings (1 greedy: a replay table's
-        ``p``), from the logits that predicted it."""
-        return token_probs(t_logits[:len(new)], torch.tensor(new), *self._sampling).tolist()
-
     def _verify(self, tokens: list[int]) -> torch.Tensor:
         """The target's logits at each of ``tokens`` (the pending token and the drafts), one forward."""
         if self._static_verify is not None:
             return self._static_verify(self.tcache, tokens)
         return forward(self.target, self.tcache, tokens, self.device, all_logits=True)
 
-    def _roll_back(self, k: int, n: int, drafts: list[int], nxt: int) -> bool:
+    def roll_back(self, k: int, n: int, drafts: list[int], nxt: int) -> bool:
         """The target fed 1 + k tokens and keeps 1 + n; the draft fed len(pending) + k - 1 tokens (the last draft
         token is never fed) and keeps len(pending) + n. True if the target had to replay its kept tokens."""
-        replayed = self._t_states.roll_back(1 + k, self._t_pending + drafts[:n],
+        replayed = self.target_states.roll_back(1 + k, self.target_pending + drafts[:n],
                                             lambda kept: forward(self.target, self.tcache, kept, self.device))
         fed_drafts = max(k - 1, 0)
         if n <= fed_drafts:
             self.dcache.rollback(fed_drafts - n)
-            self._d_pending = [nxt] if k > 0 else self._d_pending + [nxt]
+            self.draft_pending = [nxt] if k > 0 else self.draft_pending + [nxt]
         else:  # all k accepted: the last draft token still has to be fed to the draft
             self.dcache.rollback(0)
-            self._d_pending = [drafts[-1], nxt]
-        self._t_pending = [nxt]
+            self.draft_pending = [drafts[-1], nxt]
+        self.target_pending = [nxt]
         return replayed
 
     def _publish(self, record: RoundRecord) -> None:
@@ -492,7 +499,7 @@ class SpeculativeDecoder:
         self._drafted, self._accepted = self._drafted + record.draft_length, self._accepted + record.accepted
         # A plain target step feeds the draft nothing: its cache, hence its read-ahead and drift, are as they were.
         if record.draft_length or record.refreshed:
-            self._signals = self._cache_signals()
+            self.published_signals = self._cache_signals()
         self._state = None
 
     def _cache_signals(self) -> torch.Tensor:
@@ -504,10 +511,10 @@ class SpeculativeDecoder:
             self._drift_floor = drift
         return torch.cat([self.dcache.read_ahead_tensor(RUNWAY_CAP).float(), drift, self._drift_floor])
 
-    def _resolve_signals(self) -> tuple[float, ...]:
-        if not isinstance(self._signals, tuple):
-            self._signals = tuple(self._signals.tolist())
-        return self._signals
+    def resolve_signals(self) -> tuple[float, ...]:
+        if not isinstance(self.published_signals, tuple):
+            self.published_signals = tuple(self.published_signals.tolist())
+        return self.published_signals
 
     @property
     def state(self) -> DecoderState:
@@ -520,7 +527,7 @@ class SpeculativeDecoder:
     def _build_state(self) -> DecoderState:
         rounds = self.result.rounds
         last = rounds[-1] if rounds else None
-        runway, focus, drift, floor = self._resolve_signals()
+        runway, focus, drift, floor = self.resolve_signals()
         return DecoderState(
             generated=len(self.result.tokens), max_new_tokens=self.max_new_tokens, rounds=len(rounds),
             tokens_since_refresh=self.tokens_since_refresh, drift=drift,
@@ -534,7 +541,7 @@ class SpeculativeDecoder:
 
     # --- settings ----------------------------------------------------------------------------------------------------
     @property
-    def _sampling(self) -> tuple[float, int, float]:
+    def sampling(self) -> tuple[float, int, float]:
         """(temperature, top_k, top_p): the arguments of ``rift_ada.rounds.sampling_probs`` and ``accept``."""
         return self.temperature, self.top_k, self.top_p
 

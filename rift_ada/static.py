@@ -1,6 +1,6 @@
 """Static-shape steps: the draft's step over a RIFT cache's fixed buffers, the target's verify over a fixed block.
 
-A RIFT draft cache has a fixed token budget, so its active KV (``RiftLayer._k`` / ``_v``: the budget plus
+A RIFT draft cache has a fixed token budget, so its active KV (``RiftLayer.buffers``: the budget plus
 ``ROUND_SLACK`` slots) has the same shape at every context length. ``StaticDraftStep`` runs the draft's layers as
 plain tensor code (gpt-fast's ``generate.py`` shape) over buffers it owns, at fixed addresses for its lifetime (a
 :class:`DraftArena` per capacity, the cache's layers adopting them as views): one step writes the fed token's key and
@@ -135,7 +135,7 @@ def attention_for(device) -> str:
     return ATTENTION or ("matmul" if torch.device(device).type == "cuda" else "sdpa")
 
 
-class _StaticForward:
+class StaticForward:
     """The model's forward as plain tensor code over caller-owned, stacked KV buffers (layers, b, kv_heads, slots,
     d); ``compile=True`` compiles ``step`` (``fullgraph``: a graph break is an error, not a silent slowdown)."""
 
@@ -187,7 +187,7 @@ class DraftArena:
     positions (layers, log slots). A cache's RIFT layers adopt views of them (``RiftLayer.adopt``)."""
 
     def __init__(self, layers, capacity: int):
-        k, q = layers[0]._k, layers[0].log._q
+        k, q = layers[0].buffers[0], layers[0].log.buffer
         n = len(layers)
         self.capacity = capacity
         self.k = static_buffer((n, *k.shape[:2], capacity, k.shape[-1]), k.dtype, k.device, dynamic=3)
@@ -199,10 +199,10 @@ class DraftArena:
     def _log_shape(layers):
         """The observation log's buffer: what it keeps between rounds and a round's queries in flight."""
         log = layers[0].log
-        return (*log._q.shape[:2], log.capacity + MAX_ROUND, log._q.shape[-1])
+        return (*log.buffer.shape[:2], log.capacity + MAX_ROUND, log.buffer.shape[-1])
 
     def fits(self, layers, capacity: int) -> bool:
-        k, q = layers[0]._k, layers[0].log._q
+        k, q = layers[0].buffers[0], layers[0].log.buffer
         return (capacity == self.capacity and self.k.shape[0] == len(layers) and self.k.shape[1:3] == k.shape[:2]
                 and self.q.shape[1:] == self._log_shape(layers) and self.k.dtype == k.dtype
                 and self.k.device == k.device and self.q.dtype == q.dtype)
@@ -213,11 +213,11 @@ class DraftArena:
 
     def holds(self, layers) -> bool:
         """Whether every layer still writes into this arena (a layer that outgrew it reallocated its own buffer)."""
-        return all(layer._k.data_ptr() == self.k[i].data_ptr() and layer.log._q.data_ptr() == self.q[i].data_ptr()
+        return all(layer.buffers[0].data_ptr() == self.k[i].data_ptr() and layer.log.buffer.data_ptr() == self.q[i].data_ptr()
                    for i, layer in enumerate(layers))
 
 
-class StaticDraftStep(_StaticForward):
+class StaticDraftStep(StaticForward):
     """The draft's static step over a :class:`RiftCache` (``rift_ada.cache``). ``prepare(cache, capacity)`` after the
     prefill (the cache adopts this step's buffers); ``round(cache, pending, k)`` drafts k tokens on the device (no host
     read): feeds the pending tokens, then each draft but the last, and returns the drafts, the distributions they were
@@ -381,7 +381,7 @@ class StaticKV:
         self.length += min(tokens_to_remove, 0)
 
 
-class StaticVerify(_StaticForward):
+class StaticVerify(StaticForward):
     """``verify(cache, tokens) -> logits (len(tokens), vocab)``: the target's verify forward over a
     :class:`StaticKV`. Compiled, it is a fixed block of ``block`` tokens (a shorter round is padded: the padding's
     logits are dropped and its entries lie past ``length``), so it has one shape per cache capacity; eager, a round

@@ -216,8 +216,30 @@ def test_the_custom_generate_folder_loads_by_path(lm_pair, tmp_path):
         t.generate(ids, max_new_tokens=4, custom_generate=str(ROOT))
 
 
+@pytest.mark.parametrize("name", ["rift-dyn", "rift-ada"])
+def test_a_left_padded_batch_gives_each_rows_own_greedy_output(lm_pair, name, tmp_path):
+    """A batch of three prompts of different lengths, left-padded with their attention mask, through generate:
+    each row's tokens are that prompt's own greedy output (plain generate, unpadded); rows that end early are padded
+    on the right with pad_token_id, as plain generate pads them."""
+    (pair, ids), t = lm_pair, lm_pair[0].target
+    controller = exported_tree(tmp_path / "tree.json") if name == "rift-ada" else None
+    rows = [ids[0, :512], ids[0, 100:400], ids[0, 200:]]
+    width = max(len(r) for r in rows)
+    batch = torch.zeros(3, width, dtype=torch.long)
+    mask = torch.zeros(3, width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        batch[i, width - len(r):], mask[i, width - len(r):] = r, 1
+    out = t.generate(batch, attention_mask=mask, max_new_tokens=NEW, do_sample=False, assistant_model=pair.draft,
+                     custom_generate=rift_generate, **rift_kw(name, controller))
+    for i, r in enumerate(rows):
+        ref = plain(t, r[None])[0, len(r):]
+        assert torch.equal(out[i, :width], batch[i])
+        got = out[i, width:]
+        assert torch.equal(got[:len(ref)], ref) and bool((got[len(ref):] == t.generation_config.pad_token_id).all())
+
+
 @pytest.mark.parametrize("case,match", [
-    (dict(input_ids=None, batch=2), "batch of 2"),
+    (dict(input_ids=None, batch="right"), "pads a prompt other than on the left"),
     (dict(num_beams=2), "num_beams"),
     (dict(repetition_penalty=1.3), "RepetitionPenaltyLogitsProcessor"),
     (dict(output_scores=True, return_dict_in_generate=True), "output_scores"),
@@ -229,9 +251,25 @@ def test_the_custom_generate_folder_loads_by_path(lm_pair, tmp_path):
 def test_what_a_round_cannot_honour_is_refused_in_one_line(lm_pair, case, match):
     (pair, ids), t = lm_pair, lm_pair[0].target
     case = dict(case)
-    if case.pop("batch", None):
+    batch = case.pop("batch", None)
+    if batch:
         case.pop("input_ids")
         ids = ids[:, :64].repeat(2, 1)
+        mask = torch.ones_like(ids)
+        mask[0, -3:] = 0  # right padding: not what a left-padded batch looks like
+        case["attention_mask"] = mask
     with pytest.raises(ValueError, match=match) as err:
         t.generate(ids, max_new_tokens=8, custom_generate=rift_generate, **case)
+    assert "\n" not in str(err.value)
+
+
+def test_a_mask_of_another_shape_is_refused_in_one_line(lm_pair):
+    """(generate itself drops such a mask before the loop sees it; called directly, the loop refuses it)"""
+    (pair, ids), t = lm_pair, lm_pair[0].target
+    with pytest.raises(ValueError, match="does not match input_ids") as err:
+        from transformers import GenerationConfig
+
+        cfg = GenerationConfig(num_beams=1, num_return_sequences=1, max_length=80, do_sample=False)
+        rift_generate(t, ids[:, :64].repeat(2, 1), generation_config=cfg,
+                      attention_mask=torch.ones(2, 10, dtype=torch.long))
     assert "\n" not in str(err.value)

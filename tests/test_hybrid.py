@@ -206,7 +206,7 @@ def test_rollback_equals_recomputing_from_scratch(key):
     dec.reset(prompt, script_tokens())
     t_chunks, d_chunks = [prompt], [prompt]
     while not dec.done:
-        t_pending, d_pending, generated = list(dec._t_pending), list(dec._d_pending), len(dec.result.tokens)
+        t_pending, d_pending, generated = list(dec.target_pending), list(dec.draft_pending), len(dec.result.tokens)
         rec = dec.step()
         new = dec.result.tokens[generated:]
         t_chunks.append(t_pending + new[:rec.accepted])
@@ -233,7 +233,7 @@ def test_compressed_draft_rollback_leaves_it_as_if_never_fed(key):
     dec.reset(prompt, 40)
     partial = 0
     while not dec.done:
-        before, pending, generated = dec.dcache.clone(), list(dec._d_pending), len(dec.result.tokens)
+        before, pending, generated = dec.dcache.clone(), list(dec.draft_pending), len(dec.result.tokens)
         rec = dec.step(pol.controller.decide(signals.observe(dec.state)))
         new = dec.result.tokens[generated:]
         kept = new[:rec.accepted] if rec.accepted < rec.draft_length else new[:rec.draft_length - 1]

@@ -106,8 +106,10 @@ def test_measured_costs_come_from_real_rounds():
     c = measure_round_costs(dec, {512: prompt(tokens=512), 1024: prompt(tokens=1024)}, (0, 2, 4), repeats=3,
                             missed=(1, 48))
     assert c.lengths == (512, 1024) and c.blocks == (1, 3, 5) and c.budget == 64 and c.steps == "static"
-    # one measured time per (length, missed count); which is dearer is the machine's to say (a timing, not a test)
-    assert c.missed == (1, 48) and all(len(row) == 2 and min(row) > 0 for row in c.catch_up_s)
+    # one measured time per (length, missed count); which is dearer, or whether a one-token catch-up measures above
+    # the noise at all (measure_round_costs clamps a noisy difference at 0), is the machine's to say: a timing
+    assert c.missed == (1, 48) and all(len(row) == 2 and min(row) >= 0 for row in c.catch_up_s)
+    assert all(np.isfinite(row).all() for row in c.catch_up_s)
     assert all(np.all(np.diff(row) >= 0) for row in c.verify_s)  # a wider verify never costs less
     assert min(c.draft_s) > 0 and min(c.refresh_s) > 0 and c.machine["threads"] >= 1
     with pytest.raises(ValueError, match="stay <= the decoder's k"):

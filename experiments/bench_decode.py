@@ -21,10 +21,8 @@ graph counts (``warmup_graphs``, and ``recompiles`` during the timed runs).
 
     python experiments/bench_decode.py --compile --lengths 1024 2048 4096 7168 8064 --prompts 1 --repeats 1
 
-``--batch-sizes 1 4 8 16`` runs the batched rows instead (``rift_ada.batch``), per length and batch size on ``low``
-prompts (and one mixed batch of low, sort and high at ``--mixed-batch``): decode tokens/s of batched plain greedy,
-batched speculation with a full draft cache and with rift-dyn (each row refreshing on its own schedule), the draft's
-active KV bytes at their largest, and the round's wall time split into refresh, draft, verify and rollback (host):
+``--batch-sizes`` runs the batched rows instead (``rift_ada.studies.batch_bench``: batched greedy, full-cache and
+rift-dyn speculation, the draft's KV, the round's split, the round costs ``gpu_check.py --model-from`` reads):
 
     python experiments/bench_decode.py --batch-sizes 1 4 8 16 --lengths 4096 --max-new-tokens 128
 
@@ -46,6 +44,7 @@ from rift_ada.bench import (add_benchmark_options, compiled_graphs, compiled_gre
                             plain_decode, prepare_run, time_hf_assisted, timed, verify_ms_per_round, warm_up)
 from rift_ada.cli import ArgumentParser, add_model_options, add_runtime_options, fail, require_positive, write_output
 from rift_ada.joint.bench import add_controller_options, check_controller_args
+from rift_ada.studies.batch_bench import add_batch_options, check_batch_options
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -59,17 +58,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2,
                    help="runs per prompt of the generate-path comparison (the fastest counts)")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
-                   help="run the batched rows (rift_ada.batch) at these batch sizes instead")
-    p.add_argument("--mixed-batch", type=int, default=8,
-                   help="with --batch-sizes: the size of the mixed batch (low, sort, high in turn; 0: none)")
+    add_batch_options(p)
     add_controller_options(p)
     add_runtime_options(p)
     args = p.parse_args(argv)
-    if args.batch_sizes is not None and (min(args.batch_sizes) < 1 or args.mixed_batch < 0):
-        p.error("--batch-sizes must be >= 1 and --mixed-batch >= 0")
-    if args.batch_sizes is not None and args.controller:
-        p.error("--batch-sizes and --controller are separate benchmarks: run one at a time")
+    check_batch_options(p, args)
     require_positive(p, args, ("budget", "period", "draft_length", "max_new_tokens", "prompts", "repeats"))
     if min(args.lengths) < 1:
         p.error("--lengths must be >= 1")
@@ -97,17 +90,13 @@ def main(argv=None) -> int:
 
         report = controller_report(args)
     if args.batch_sizes:
-        report["batch_sizes"], report["period"] = args.batch_sizes, args.period
-        report["max_new_tokens"] = args.max_new_tokens
-    for length in args.lengths:
-        if args.batch_sizes:
-            try:
-                row = bench_batches(pair, length, args)
-            except ValueError as e:
-                return fail(e)
-            report["lengths"].append(row)
-            print(json.dumps(row), file=sys.stderr)
-            continue
+        from rift_ada.studies.batch_bench import batch_report
+
+        try:
+            report = batch_report(pair, args, report)
+        except ValueError as e:
+            return fail(e)
+    for length in [] if args.batch_sizes else args.lengths:
         try:
             tasks = {f: build_tasks(pair.tokenizer, f, n=args.prompts, input_tokens=length, seed=args.seed,
                                     source_dir=args.source) for f in args.families}
@@ -167,57 +156,6 @@ def bench_length(pair, length: int, prompts: list, args) -> dict:
     row["generate_vs_loop"] = row["tokens_per_second"]["rift_ada_dyn_generate"] / row["tokens_per_second"][
         "rift_ada_dyn_loop"]
     return row
-
-
-def bench_batches(pair, length: int, args) -> dict:
-    """One input length's batched rows: for each batch size a batch of distinct ``low`` prompts (and the mixed
-    batch), decoded by plain greedy and by speculation with a full and a rift-dyn draft cache, all in this run, each
-    checked against plain greedy's tokens. Decode only: the prefills (one per row) are outside the seconds."""
-    from rift_ada.batch import BatchDecoder, batched_greedy, decide_rows
-    from rift_ada.data import build_tasks, encode
-
-    eos = pair.tokenizer.eos_token_id
-    biggest = max(args.batch_sizes + [args.mixed_batch])
-
-    def prompts_of(family, n, seed):
-        return [encode(pair.tokenizer, t.prompt) for t in build_tasks(pair.tokenizer, family, n=n, input_tokens=length,
-                                                                      seed=seed, source_dir=args.source)]
-
-    low = prompts_of("low", biggest, args.seed)
-    batches = [(f"low x{b}", low[:b]) for b in args.batch_sizes]
-    if args.mixed_batch:
-        per = -(-args.mixed_batch // 3)
-        mixed = [p for trio in zip(*(prompts_of(f, per, args.seed + 1) for f in ("low", "sort", "high"))) for p in trio]
-        batches.append((f"mixed x{args.mixed_batch}", mixed[:args.mixed_batch]))
-    out = {"input_tokens": length, "batches": []}
-    for name, prompts in batches:
-        row = {"batch": name, "rows": len(prompts)}
-        plain, steps = batched_greedy(pair.target, prompts, args.max_new_tokens, eos)
-        new = sum(len(t) - 1 for t in plain)  # the first token of each row comes with its prefill
-        row["tokens_per_s"] = {"greedy": new / sum(steps)}
-        row["same_output"], row["acceptance_length"], row["split"], row["draft_active_kv_bytes"] = {}, {}, {}, {}
-        for label, policy in (("full", args.policies["full"]), ("rift_dyn", args.policies["rift-dyn"])):
-            dec = BatchDecoder(pair.target, pair.draft, policy.layout, args.draft_length, eos_token_id=eos,
-                               seed=args.seed)
-            dec.reset(prompts, args.max_new_tokens)
-            rounds = list(dec.rounds(lambda states, c=policy.controller: decide_rows(c, states)))
-            seconds = {phase: sum(r.seconds[f"{phase}_seconds"] for r in rounds)
-                       for phase in ("refresh", "draft", "verify", "rollback")}
-            total = sum(seconds.values())
-            row["tokens_per_s"][label] = new / total
-            row["same_output"][label] = [r.tokens for r in dec.results] == plain
-            row["acceptance_length"][label] = sum(len(r.tokens) - 1 for r in dec.results) / sum(
-                len(r.rounds) for r in dec.results)
-            row["split"][label] = {**{p: s / total for p, s in seconds.items()}, "rounds": len(rounds),
-                                   "round_ms": 1e3 * total / len(rounds)}
-            # The batch's draft KV at its largest round: the sum over the rows that took part.
-            row["draft_active_kv_bytes"][label] = max(sum(rec.active_kv_bytes for rec in r.records.values())
-                                                      for r in rounds)
-        row["speedup_vs_greedy"] = {k: v / row["tokens_per_s"]["greedy"] for k, v in row["tokens_per_s"].items()
-                                    if k != "greedy"}
-        out["batches"].append(row)
-        print(json.dumps(row), file=sys.stderr)
-    return out
 
 
 def decoder(pair, policy, args, step: str = "model"):

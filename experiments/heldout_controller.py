@@ -203,6 +203,9 @@ def print_intervals(args, pts, counts, n_prompts: int) -> dict:
         cells = []
         for fam, v in out[scope].items():
             iv = v["refresh_savings_interval"]
+            if v.get("periodic_flat"):  # rift_ada.tradeoff.FLAT_GAIN: no periodic rate to match an AL against
+                cells.append(f"{fam} undefined (periodic refresh gains no AL here)")
+                continue
             sav = "n/a" if v["refresh_savings"] is None else f"{100 * v['refresh_savings']:.1f}%"
             sav += "" if iv is None else f" [{100 * iv[0]:.1f}, {100 * iv[1]:.1f}]"
             if fam != "oracle" and v["oracle_share"] is not None:

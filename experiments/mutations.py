@@ -14,6 +14,7 @@ WINDOW = ["tests/test_cache.py::test_eviction_keeps_exactly_the_layout_positions
           "tests/test_cache.py::test_tight_budget_holding_everything_equals_dense",
           "tests/test_speculative.py::test_greedy_equals_target_generate_testbed_policies"]
 
+BATCH = ["tests/test_batch.py::test_each_row_decodes_as_its_own_decoder"]
 FAR_GATE = ["tests/test_circuit.py::test_far_gate_switches_the_far_window_off_after_a_sort_header"]
 
 
@@ -147,4 +148,20 @@ MUTATIONS = [
                "        tok_s[1] = (sum(arr[f][1, p, r, 0].sum() for f, (p, r) in picks.items())\n"
                "                    / sum(arr[f][1, p, r, 1].sum() for f, (p, r) in picks.items()))\n")],
              ["tests/test_joint.py::test_the_bench_ratio_interval_resamples_prompts_and_their_repeats"]),
+    Mutation("batch-padding-visible", "a batched forward lets each row attend to the padding after its entries",
+             [("rift_ada/batch.py", "        mask = torch.zeros(len(rows), 1, q, width, dtype=torch.bool, device=device)\n",
+               "        mask = torch.ones(len(rows), 1, q, width, dtype=torch.bool, device=device)\n")], BATCH),
+    Mutation("batch-shared-generator", "every row of a batch drafts from the first row's random numbers",
+             [("rift_ada/batch.py", "tok = greedy[j] if greedy is not None else sample(q, logits[j], r.generator)",
+               "tok = greedy[j] if greedy is not None else sample(q, logits[j], rows[0].generator)")],
+             ["tests/test_batch.py::test_each_row_decodes_as_its_own_decoder[1.0-model]"]),
+    Mutation("static-batch-ignores-the-window", "the batched static draft step attends the whole tail mid-round",
+             [("rift_ada/static_batch.py", "band = slots >= slot[:, None] - window[:, None]",
+               "band = slots >= 0")],
+             ["tests/test_batch.py::test_each_row_decodes_as_its_own_decoder"]),
+    Mutation("batch-row-store-misplaced", "the target's store writes a row's new entries one slot late",
+             [("rift_ada/ragged.py",
+               "        self.store.k[self.layer_idx][self.row, :, self.stored:self.stored + q] = key_states\n",
+               "        self.store.k[self.layer_idx][self.row, :, self.stored + 1:self.stored + q + 1] = key_states\n")],
+             ["tests/test_batch.py::test_batched_plain_greedy_equals_greedy"]),
 ]

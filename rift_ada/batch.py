@@ -41,7 +41,7 @@ from .signals import DecoderState, observe
 from .speculative import DecodeResult, RoundRecord, SpeculativeDecoder, Clock
 
 __all__ = ["BatchDecoder", "BatchRound", "RowBatch", "batched_forward", "batched_greedy", "decide_rows",
-           "check_batch"]
+           "joint_rows", "check_batch"]
 
 
 # --- a forward over many rows, each with its own cache ---------------------------------------------------------------
@@ -309,6 +309,21 @@ def decide_rows(controller, states: Sequence[DecoderState]) -> list[bool]:
     return out
 
 
+def joint_rows(controller, states: Sequence[DecoderState]) -> tuple[list[bool], int]:
+    """A joint controller (``rift_ada.joint``) in a batch: each live row's (refresh, k) from its own state, priced at
+    that row's own context length (its prompt plus what it generated so far: ``DecoderState``), then one k for
+    the round, the one most rows chose (ties: the larger), as a serving engine picks one draft length for its batch.
+    Each row refreshes as it chose (a refresh with the round's k = 0 waits: a plain step never reads the draft)."""
+    if not hasattr(controller, "act"):
+        raise ValueError(f"{type(controller).__name__} is not a joint controller (it has no act(state))")
+    acts = [controller.act(s) for s in states]
+    votes: dict[int, int] = {}
+    for _, k in acts:
+        votes[int(k)] = votes.get(int(k), 0) + 1
+    k = max(votes, key=lambda x: (votes[x], x))
+    return [bool(r) and k > 0 for r, _ in acts], k
+
+
 # --- the decoder -----------------------------------------------------------------------------------------------------
 @dataclass
 class BatchRound:
@@ -379,27 +394,29 @@ class BatchDecoder:
                              f"{self.device}: fewer rows or shorter prompts")
         self.rows, self.history = [], []
         static = self.step_kind != "model"
-        self.store = None if static else TargetStore(len(rows), max(lengths))
-        prefilled = []
+        if static:
+            from .static_batch import BatchStaticKV
+
+            self.store = BatchStaticKV(len(rows), max(lengths))
+        else:
+            self.store = TargetStore(len(rows), max(lengths))
         for i, (ids, n) in enumerate(zip(rows, news)):
             row = copy.copy(t)
             row.seed = t.seed + i
             row._prefilled = None
             row.reset(ids, n)
-            if static:
-                prefilled.append(row.tcache)
-            else:
-                row.tcache = self.store.adopt(i, row.tcache)  # the prefill's DynamicCache goes
-                row.target_states = TargetStates(row.tcache)
+            # The row's target cache moves into the batch's store; its prefill's own cache goes.
+            row.tcache = self.store.load(i, row.tcache) if static else self.store.adopt(i, row.tcache)
+            row.target_states = TargetStates(row.tcache)
             self.rows.append(row)
         self._stored = list(range(len(rows)))  # which row each of the store's rows is
         if static:
-            self._prepare_static(prefilled, max(lengths))
+            self._prepare_static(max(lengths))
 
-    def _prepare_static(self, prefilled, capacity: int) -> None:
-        """The static steps of this batch size (built once, so compiled graphs are reused), every row's draft cache
-        in the draft step's arena, every row's target cache in one ``BatchStaticKV``."""
-        from .static_batch import BatchDraftStep, BatchStaticKV, BatchVerify
+    def _prepare_static(self, capacity: int) -> None:
+        """The static steps of this batch size (built once, so compiled graphs are reused) and every row's draft
+        cache in the draft step's arena."""
+        from .static_batch import BatchDraftStep, BatchVerify
 
         rows, compile = len(self.rows), self.step_kind == "compiled"
         if rows not in self._static:
@@ -407,10 +424,6 @@ class BatchDecoder:
             self._static[rows] = (BatchDraftStep(self.draft, rows, compile, sampling),
                                   BatchVerify(self.target, rows, self.k + 1, compile))
         self.static_draft, self.static_verify = self._static[rows]
-        self.static_kv = BatchStaticKV(prefilled, capacity)
-        for i, row in enumerate(self.rows):
-            row.tcache = self.static_kv.view(i)
-            row.target_states = TargetStates(row.tcache)
         self.static_draft.prepare([r.dcache for r in self.rows], capacity)
 
     @property
@@ -498,8 +511,8 @@ class BatchDecoder:
         ks = [draft_count(k, before[i][0], r.max_new_tokens) if i in before else 0 for i, r in enumerate(rows)]
         pendings = []
         for i, r in enumerate(rows):
-            pending = r.draft_pending if i in before else [0]
-            if ks[i] and len(pending) > 2:  # after plain steps: fed in chunks by the model (RiftLayer stays put)
+            pending = r.draft_pending if i in before and ks[i] else [0]  # a row not drafting feeds nothing
+            if len(pending) > 2:  # after plain steps: all but the last fed by the model in chunks
                 pending = r.catch_up(pending)
             pendings.append(pending)
         drafts, q_probs, entropies = self.static_draft.round([r.dcache for r in rows], pendings, ks,
@@ -508,7 +521,7 @@ class BatchDecoder:
         clock.lap("draft")
         firsts = [r.target_pending[0] if i in before else 0 for i, r in enumerate(rows)]
         grow = [ks[i] if i in before else -1 for i in range(len(rows))]  # -1: an ended row's length stays
-        t_logits = self.static_verify.on_device(self.static_kv, firsts, drafts, grow)
+        t_logits = self.static_verify.on_device(self.store, firsts, drafts, grow)
         sampled = self.temperature > 0
         packed, unread = [], []
         for i in live:
@@ -595,34 +608,49 @@ class BatchDecoder:
 
 
 def batched_greedy(target, prompts, max_new_tokens, eos_token_id: int | None = None, device=None,
-                   progress=None) -> tuple[list[list[int]], list[float]]:
+                   step: str = "model") -> tuple[list[list[int]], list[float]]:
     """Plain greedy decoding of a batch with the target alone (the baseline a batch's speculation is measured
-    against): each row prefilled on its own, then one forward for all live rows per token, rows leaving as they end.
-    (each row's tokens, each step's seconds)."""
+    against), on the same machinery as the batch's verify: each row prefilled on its own, then one forward for the
+    rows per token (``step`` "model": the model's forward over the rows' ``TargetStore``, rows leaving as they end;
+    "static" / "compiled": ``rift_ada.static_batch.BatchVerify`` of one token per row over a ``BatchStaticKV``, rows
+    that ended idling, one read of the tokens per step). (each row's tokens, each step's seconds)."""
     from transformers import DynamicCache
 
     device = device or target.device
     rows, news = check_batch(prompts, max_new_tokens, (target,), device)
-    caches, out, seconds = [], [], []
-    store = TargetStore(len(rows), max(len(p) + n for p, n in zip(rows, news)))
+    out, seconds, caches = [], [], []
+    capacity = max(len(p) + n for p, n in zip(rows, news))
+    if step != "model":
+        from .static_batch import BatchStaticKV, BatchVerify
+
+        store = BatchStaticKV(len(rows), capacity)
+        verify = BatchVerify(target, len(rows), 1, compile=step == "compiled")
+        nothing = torch.zeros(len(rows), 0, dtype=torch.long, device=device)
+    else:
+        store = TargetStore(len(rows), capacity)
     with torch.inference_mode():
-        for i, ids in enumerate(rows):
+        for i, ids in enumerate(rows):  # each row's prefill moves into the store as soon as it is done
             cache = DynamicCache(config=target.config)
             logits = target(torch.tensor([ids], device=device), cache=cache, logits_to_keep=1).logits[0, -1]
-            caches.append(store.adopt(i, cache))
+            caches.append(store.load(i, cache) if step != "model" else store.adopt(i, cache))
             out.append([int(logits.argmax())])
         live = [i for i in range(len(rows)) if news[i] > 1 and out[i][-1] != eos_token_id]
         stored = list(range(len(rows)))
         while live:
-            if live != stored:
-                store.keep([stored.index(i) for i in live])
-                stored = live
             t0 = time.perf_counter()
-            logits = batched_forward(target, [caches[i] for i in live], [out[i][-1:] for i in live], device)
-            for j, tok in enumerate(logits.argmax(-1).tolist()):
-                out[live[j]].append(tok)
+            if step != "model":
+                grow = [0 if i in live else -1 for i in range(len(rows))]
+                logits = verify.on_device(store, [t[-1] for t in out], nothing, grow)[:, 0]
+                tokens = logits.argmax(-1).tolist()
+                new = {i: tokens[i] for i in live}
+            else:
+                if live != stored:
+                    store.keep([stored.index(i) for i in live])
+                    stored = live
+                logits = batched_forward(target, [caches[i] for i in live], [out[i][-1:] for i in live], device)
+                new = dict(zip(live, logits.argmax(-1).tolist()))
+            for i, tok in new.items():
+                out[i].append(tok)
             seconds.append(time.perf_counter() - t0)
             live = [i for i in live if len(out[i]) < news[i] and out[i][-1] != eos_token_id]
-            if progress is not None:
-                progress.update(1)
     return out, seconds

@@ -115,7 +115,7 @@ def evaluate_batched(decoder, prompts: Sequence[Sequence[int]], controller=None,
                      batch_size: int = 8, greedy_check: bool = False, progress: bool | str = False) -> Evaluation:
     """``evaluate`` with a ``rift_ada.batch.BatchDecoder``: the prompts in batches of ``batch_size`` (the last one
     smaller), each row refreshing as ``controller`` decides from its own state. The same summary and rows."""
-    from .batch import decide_rows
+    from .batch import decide_rows, joint_rows
     from .models import greedy_reference
 
     if greedy_check and decoder.temperature != 0:
@@ -128,8 +128,11 @@ def evaluate_batched(decoder, prompts: Sequence[Sequence[int]], controller=None,
     for start in tqdm(starts, desc=desc, disable=not progress):
         chunk = [list(p) for p in prompts[start:start + batch_size]]
         decoder.reset(chunk, max_new_tokens)
-        for _ in decoder.rounds(lambda states: decide_rows(controller, states)):
-            pass
+        while not decoder.done:
+            if is_joint(controller):  # each row's refresh, one k for the round (the rows' most common choice)
+                decoder.step(*joint_rows(controller, decoder.states))
+            else:
+                decoder.step(decide_rows(controller, decoder.states))
         for j, (ids, res) in enumerate(zip(chunk, decoder.results)):
             row = {"prompt": start + j, "prompt_tokens": len(ids), "acceptance_length": acceptance_length(res.rounds),
                    "refreshes": res.refreshes, "generated_tokens": len(res.tokens)}
@@ -195,8 +198,7 @@ def run(args) -> dict:
         from .batch import BatchDecoder
 
         if is_joint(policy.controller):
-            raise ValueError("--batch-size: a joint controller picks one sequence's draft length; a batch takes a "
-                             "refresh controller (its decision per row)")
+            check_joint(policy.controller, dec.template)
         dec = BatchDecoder.for_pair(pair, policy.layout, decoding_from_args(args), draft,
                                     store_device=args.store_device)
     else:

@@ -471,8 +471,9 @@ def model_section(args) -> dict:
     for name, entry in measured["costs"].items():
         costs = RoundCosts.from_dict(entry["rift"], args.model_from)
         full = entry.get("full_draft_s") or [float("nan")] * len(costs.lengths)
+        rows = entry.get("batch", 1)  # costs of rounds that served this many rows (bench_decode.py --batch-sizes)
         out["drafts"][name] = {
-            str(length): {path: {"tokens_per_s": r["tokens_per_s"], "acceptance_length": r["acceptance_length"],
+            str(length): {path: {"tokens_per_s": rows * r["tokens_per_s"], "acceptance_length": r["acceptance_length"],
                                  "refreshes": r["refreshes"], "k_share": r["k_share"]}
                           for path, r in modelled_paths(tables, costs, full, args.draft_length, args.period,
                                                         controller, price_at=length).items()}

@@ -115,7 +115,8 @@ def rift_generate(model, input_ids: torch.LongTensor, logits_processor=None, sto
     mask = model_kwargs.get("attention_mask")
     if input_ids.shape[0] > 1 or (mask is not None and not bool(mask.all())):
         return _generate_batch(model, draft, policy, rift_draft_length, rift_seed, sampling, input_ids, mask,
-                               max_new, cfg, stopping_criteria, streamer, rift_rounds)
+                               max_new, cfg, stopping_criteria, streamer, rift_rounds,
+                               steps=dict(draft_step=rift_draft_step, verify_step=rift_verify_step))
     sequence = torch.empty(1, prompt_len + max_new, dtype=torch.long, device=input_ids.device)
     sequence[:, :prompt_len] = input_ids
     length = prompt_len
@@ -143,7 +144,7 @@ def rift_generate(model, input_ids: torch.LongTensor, logits_processor=None, sto
 
 
 def _generate_batch(model, draft, policy, draft_length, seed, sampling, input_ids, mask, max_new, cfg,
-                    stopping_criteria, streamer, rift_rounds):
+                    stopping_criteria, streamer, rift_rounds, steps: dict):
     """A left-padded batch (``rift_ada.batch.BatchDecoder``): each row's prompt is its unpadded tokens, decoded as
     its own sequence; the output keeps the input's left padding and pads rows that ended early on the right with
     ``pad_token_id`` (EOS without one), as plain ``generate`` does. A row stops at its stopping criteria."""
@@ -153,7 +154,7 @@ def _generate_batch(model, draft, policy, draft_length, seed, sampling, input_id
         raise ValueError("a streamer takes one sequence: rift_generate streams a batch of 1 only")
     keep = torch.ones_like(input_ids, dtype=torch.bool) if mask is None else mask.bool()
     prompts = [row[k].tolist() for row, k in zip(input_ids, keep)]
-    decoder = BatchDecoder(model, draft, policy.layout, draft_length, seed=seed, **sampling)
+    decoder = BatchDecoder(model, draft, policy.layout, draft_length, seed=seed, **steps, **sampling)
     decoder.reset(prompts, max_new)
     rows = decoder.rows
 

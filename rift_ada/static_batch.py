@@ -203,22 +203,26 @@ class BatchDraftStep(_RowsForward):
 # --- the target ---------------------------------------------------------------------------------------------------------
 class BatchStaticKV:
     """The target's cache for every row in fixed buffers: ``keys`` / ``values`` (layers, rows, kv_heads, capacity,
-    d), slot = position, and a length per row (``lengths``, host ints); ``view(r)`` is row r's ``RowStaticKV``."""
+    d), slot = position, and a length per row (``lengths``, host ints); ``load(r, cache)`` copies row r's prefilled
+    cache in (the buffers allocated at the first: a row's prefill is dropped as soon as it is copied); ``view(r)`` is
+    row r's ``RowStaticKV``."""
 
-    def __init__(self, prefilled: list, capacity: int):
-        first = prefilled[0].layers[0].keys
-        shape = (len(prefilled[0].layers), len(prefilled), first.shape[1], capacity, first.shape[-1])
-        self.keys = static_buffer(shape, first.dtype, first.device)
-        self.values = static_buffer(shape, first.dtype, first.device)
-        self.lengths = []
-        for r, cache in enumerate(prefilled):
-            n = cache.get_seq_length()
-            for i, layer in enumerate(cache.layers):
-                self.keys[i, r, :, :n] = layer.keys[0]
-                self.values[i, r, :, :n] = layer.values[0]
-            self.lengths.append(n)
+    def __init__(self, rows: int, capacity: int):
+        self.rows, self.capacity = rows, capacity
+        self.keys = self.values = None
+        self.lengths = [0] * rows
 
-    def view(self, row: int) -> "RowStaticKV":
+    def load(self, row: int, cache) -> "RowStaticKV":
+        first = cache.layers[0].keys
+        if self.keys is None:
+            shape = (len(cache.layers), self.rows, first.shape[1], self.capacity, first.shape[-1])
+            self.keys = static_buffer(shape, first.dtype, first.device)
+            self.values = static_buffer(shape, first.dtype, first.device)
+        n = cache.get_seq_length()
+        for i, layer in enumerate(cache.layers):
+            self.keys[i, row, :, :n] = layer.keys[0]
+            self.values[i, row, :, :n] = layer.values[0]
+        self.lengths[row] = n
         return RowStaticKV(self, row)
 
 

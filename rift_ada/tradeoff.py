@@ -18,6 +18,10 @@ import numpy as np
 # What the other families are compared with, not compared themselves: periodic refresh (never refreshing is its zero
 # point) and the full cache. Every other family (rules, learned controllers, the oracle) is compared.
 BASELINES = ("full", "never", "periodic")
+# Periodic refresh whose best AL is within this share of never refreshing's has a flat curve: the refreshes it
+# "needs" for an AL between the two are an interpolation across noise (the `high` family, where no refresh helps,
+# printed -3195% [-448856, -57]), so savings at matched AL are undefined there, not a number.
+FLAT_GAIN = 0.01
 
 
 def periodic_envelope(rows: list[dict], families=("never", "periodic")) -> tuple[np.ndarray, np.ndarray]:
@@ -49,15 +53,16 @@ def matched_comparison(rows: list[dict]) -> dict:
     """Annotate the rows of every family but the baselines with ``refresh_savings`` and ``al_gain``; summarise each
     family by its best point."""
     R, A = periodic_envelope(rows)
+    flat = bool(A[-1] - A[0] <= FLAT_GAIN * abs(A[0]))
     families: dict[str, dict] = {}
     for r in rows:
         if r["family"] in BASELINES:
             continue
-        need = refreshes_needed(r["acceptance_length"], R, A)
+        need = None if flat else refreshes_needed(r["acceptance_length"], R, A)
         r["refresh_savings"] = None if not need else 1.0 - r["refreshes_per_1k"] / need
         r["al_gain"] = r["acceptance_length"] - al_at(r["refreshes_per_1k"], R, A)
         fam = families.setdefault(r["family"], {"refresh_savings": None, "al_gain": None,
-                                                "savings_knob": None, "gain_knob": None})
+                                                "savings_knob": None, "gain_knob": None, "periodic_flat": flat})
         if r["refresh_savings"] is not None and (fam["refresh_savings"] is None
                                                  or r["refresh_savings"] > fam["refresh_savings"]):
             fam["refresh_savings"], fam["savings_knob"] = r["refresh_savings"], r["knob"]
@@ -70,7 +75,7 @@ def matched_comparison(rows: list[dict]) -> dict:
     for name, fam in families.items():
         shares = [r["oracle_share"] for r in rows if r["family"] == name and r["knob"] == fam["savings_knob"]]
         fam["oracle_share"] = shares[0] if shares else None
-    return {"families": families, "periodic_refreshes": R.tolist(), "periodic_al": A.tolist()}
+    return {"families": families, "periodic_refreshes": R.tolist(), "periodic_al": A.tolist(), "periodic_flat": flat}
 
 
 def _share(row: dict, curve, R: np.ndarray, A: np.ndarray) -> float | None:
@@ -184,8 +189,8 @@ def compared_with_intervals(labels: list[tuple[str, object]], per: list[list[dic
     idx = np.arange(len(per[0])) if prompts is None else np.asarray(list(prompts))
     full_al = float(np.mean([full[i]["acceptance_length"] for i in idx])) if full is not None else None
     point = matched_comparison(rows_on(labels, per, idx, full_al))["families"]
-    return with_family_intervals({fam: {s: v.get(s) for s in FAMILY_STATS} for fam, v in point.items()},
-                                 bootstrap(labels, per, full, idx, None, n, seed))
+    return with_family_intervals({fam: {**{s: v.get(s) for s in FAMILY_STATS}, "periodic_flat": v["periodic_flat"]}
+                                  for fam, v in point.items()}, bootstrap(labels, per, full, idx, None, n, seed))
 
 
 def with_family_intervals(families: dict, boot: dict) -> dict:

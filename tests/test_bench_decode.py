@@ -46,3 +46,33 @@ def test_plain_decode_from_a_kept_prefill_is_a_fresh_decode(testbed_target):
         for _ in range(2):
             assert plain_decode(testbed_target, ids, 24, None, temperature, seed=3, prefilled=kept)[0] == fresh
     assert kept[0].get_seq_length() == before == len(ids)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_bench_batches_writes_every_row_and_the_round_costs(tmp_path, monkeypatch):
+    """--batch-sizes at toy size: a row per batch size and the mixed batch, every speculative row plain greedy's
+    tokens, the draft's KV under rift-dyn rows x budget-sized (the full cache's grows with the prompt), and each
+    batch size's round costs in the form gpu_check.py --model-from reads (tested there: tests/test_gpu_check.py)."""
+    from rift_ada.joint.costs import RoundCosts
+
+    out = tmp_path / "batch.json"
+    monkeypatch.setattr(sys, "argv", ["bench_decode.py", "--batch-sizes", "1", "2", "--lengths", "600",
+                                      "--max-new-tokens", "16", "--budget", "128", "--mixed-batch", "3",
+                                      "--output", str(out)])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path("experiments/bench_decode.py", run_name="__main__")
+    assert done.value.code == 0
+    report = json.loads(out.read_text())
+    rows = report["lengths"][0]["batches"]
+    assert [r["batch"] for r in rows] == ["low x1", "low x2", "mixed x3"]
+    for r in rows:
+        assert all(r["same_output"].values()) and set(r["tokens_per_s"]) == {"greedy", "full", "rift_dyn"}
+        assert set(r["split"]["rift_dyn"]) >= {"refresh", "draft", "verify", "rollback", "host"}
+        assert r["draft_active_kv_bytes"]["rift_dyn"] < r["draft_active_kv_bytes"]["full"]
+    one, two = (rows[i]["draft_active_kv_bytes"]["rift_dyn"] for i in (0, 1))
+    assert one < two <= 2 * one  # rows x (budget + the round in flight) x bytes per token, at the largest round
+    costs = report["costs"]
+    assert set(costs) == {"testbed@batch1", "testbed@batch2"} and costs["testbed@batch2"]["batch"] == 2
+    c = RoundCosts.from_dict(costs["testbed@batch2"]["rift"])
+    assert c.lengths == (600,) and c.blocks == (1, 12) and c.budget == 128 and c.steps == "static"

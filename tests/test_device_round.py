@@ -82,6 +82,41 @@ def test_a_device_round_reads_the_device_once(monkeypatch, temperature, drafter)
     assert sum(counts.values()) > 4
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("drafter", ["self", "other"])
+def test_a_batched_device_round_reads_the_device_once(monkeypatch, temperature, drafter):
+    """The same plan for a batch of 4 rows of 80, 61, 97 and 70 tokens (``rift_ada.batch`` on the static steps),
+    each row refreshing on its own rounds: every round, whatever it does to each row, is one read of the device for
+    the whole batch; then the batch's states cost one read per row (each row's cache signals, once), and every row
+    ends with the target's own greedy tokens (greedy) or two rounds of plain steps in a row caught up (sampled)."""
+    from rift_ada.batch import BatchDecoder
+
+    target, draft = models()
+    budget = 160 if drafter == "self" else 24
+    layout = make_policy("rift-dyn", budget, period=8, obs_window=8).layout
+    draft = None if drafter == "self" else draft
+    dec = BatchDecoder(target, draft, layout, draft_length=4, temperature=temperature, seed=1, draft_step="static",
+                       verify_step="static")
+    prompts = [prompt(n, seed=i) for i, n in enumerate((80, 61, 97, 70))]
+    dec.reset(prompts, 60)
+    plan = [([True, False, True, False], None), ([False] * 4, None), ([False, True, False, False], 2),
+            ([False] * 4, 0), ([False] * 4, 0), ([True] * 4, None), ([False] * 4, None), ([False] * 4, None)]
+    with counting_reads(monkeypatch) as counts:
+        for refresh, k in plan:
+            before = sum(counts.values())
+            out = dec.step(refresh, k)
+            assert sum(counts.values()) - before == 1, (refresh, k, dict(counts))
+        before = sum(counts.values())
+        dec.states, dec.states
+        assert sum(counts.values()) - before == 4, "each row's cache signals: one read, once"
+    assert dec.host_reads == len(plan) and len(out.records) == 4
+    assert [r.refreshes for r in dec.results] == [2, 2, 2, 1]
+    if temperature == 0:
+        while not dec.done:
+            dec.step()
+        assert [r.tokens for r in dec.results] == [greedy_reference(target, p, 60) for p in prompts]
+
+
 def test_device_rounds_publish_what_host_rounds_publish():
     """Greedy, the same draft step: the device round and the host round emit the same tokens in the same rounds,
     and record the same signals (read back with the next round, or when the state is read)."""

@@ -138,6 +138,18 @@ def test_modelled_tokens_per_second_price_tables_with_measured_costs(tmp_path, m
     assert run_script(monkeypatch, "--model-from", str(measured), "--tables", str(tables), "--draft-length", "4",
                       "--period", "8", "--output", str(again)) == 0
     assert json.loads(again.read_text())["tables"] == 2 and json.loads(again.read_text())["drafts"]["x"] == x
+    # Costs of batched rounds (bench_decode.py --batch-sizes: "batch" rows served by each round): the batch's
+    # tokens/s is the modelled sequence's times its rows.
+    batched = tmp_path / "batch.json"
+    batched.write_text(json.dumps({"costs": {"x@batch4": {"rift": costs.to_dict(), "full_draft_s": [0.003, 0.009],
+                                                          "batch": 4}}}))
+    four = tmp_path / "four.json"
+    assert run_script(monkeypatch, "--model-from", str(batched), "--tables", str(tables), "--draft-length", "4",
+                      "--period", "8", "--output", str(four)) == 0
+    y = json.loads(four.read_text())["drafts"]["x@batch4"]
+    for length in ("1000", "4000"):
+        for path in ("greedy", "full", "rift_dyn"):
+            assert y[length][path]["tokens_per_s"] == pytest.approx(4 * x[length][path]["tokens_per_s"])
     (tables / "t0.window.safetensors").rename(tables / "t2.safetensors")
     assert run_script(monkeypatch, "--model-from", str(measured), "--tables", str(tables)) == 2
     assert run_script(monkeypatch, "--model-from", str(measured)) == 2

@@ -216,8 +216,8 @@ def test_the_custom_generate_folder_loads_by_path(lm_pair, tmp_path):
         t.generate(ids, max_new_tokens=4, custom_generate=str(ROOT))
 
 
-@pytest.mark.parametrize("name", ["rift-dyn", "rift-ada"])
-def test_a_left_padded_batch_gives_each_rows_own_greedy_output(lm_pair, name, tmp_path):
+@pytest.mark.parametrize("name,step", [("rift-dyn", "model"), ("rift-ada", "model"), ("rift-dyn", "static")])
+def test_a_left_padded_batch_gives_each_rows_own_greedy_output(lm_pair, name, step, tmp_path):
     """A batch of three prompts of different lengths, left-padded with their attention mask, through generate:
     each row's tokens are that prompt's own greedy output (plain generate, unpadded); rows that end early are padded
     on the right with pad_token_id, as plain generate pads them."""
@@ -230,7 +230,8 @@ def test_a_left_padded_batch_gives_each_rows_own_greedy_output(lm_pair, name, tm
     for i, r in enumerate(rows):
         batch[i, width - len(r):], mask[i, width - len(r):] = r, 1
     out = t.generate(batch, attention_mask=mask, max_new_tokens=NEW, do_sample=False, assistant_model=pair.draft,
-                     custom_generate=rift_generate, **rift_kw(name, controller))
+                     custom_generate=rift_generate, rift_draft_step=step, rift_verify_step=step,
+                     **rift_kw(name, controller))
     for i, r in enumerate(rows):
         ref = plain(t, r[None])[0, len(r):]
         assert torch.equal(out[i, :width], batch[i])

@@ -78,6 +78,25 @@ def test_matched_comparison_on_known_points():
         ("dqn: n/a", "AL gain at matched refresh count -1.000")]
 
 
+def test_savings_against_a_flat_periodic_curve_are_undefined():
+    """Where periodic refresh gains (almost) no AL over never refreshing (the ``high`` family), no periodic rate
+    matches an AL between the two: savings there are undefined, printed so, not an interpolation across noise
+    (it printed -3195% [-448856, -57])."""
+    from rift_ada.tradeoff import FLAT_GAIN, matched_comparison
+    from trainers.controller_job.report import headline_line
+
+    flat = 2.0 * (1 + FLAT_GAIN / 2)
+    rows = [{"family": f, "knob": k, "refreshes_per_1k": r, "acceptance_length": a} for f, k, r, a in [
+        ("never", "-", 0.0, 2.0), ("periodic", 10, 10.0, 2.0), ("periodic", 20, 20.0, flat),
+        ("tree", 0.5, 5.0, 2.0001), ("ppo", 1.0, 1.0, 2.2)]]
+    out = matched_comparison(rows)
+    assert out["periodic_flat"] and all(f["refresh_savings"] is None for f in out["families"].values())
+    assert headline_line("tree", out["families"]["tree"]).startswith("tree: undefined (periodic refresh gains no AL")
+    assert out["families"]["ppo"]["al_gain"] == pytest.approx(2.2 - 2.0)  # the AL gain stays defined
+    rows[2]["acceptance_length"] = 2.0 * (1 + 2 * FLAT_GAIN)  # periodic gains: a number again
+    assert not matched_comparison(rows)["periodic_flat"]
+
+
 def test_bootstrap_intervals_over_prompts():
     """Intervals resample the prompts: identical prompts give a zero-width interval at the point; a seed fixes them;
     a family's saving is compared in each resample against that resample's periodic curve."""

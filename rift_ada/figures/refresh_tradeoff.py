@@ -104,7 +104,8 @@ def table(b, rows: list, summary: dict) -> str:
         lines.append(f"\nModelled tokens/s (rift_ada.costs, measured once): draft step {1e3 * b.costs.draft_step_s:.2f}"
                      f" ms, verify {1e3 * b.costs.verify_s:.2f} ms, refresh {1e3 * b.costs.refresh_s:.2f} ms.")
     for fam, s in summary["families"].items():
-        sav = "n/a" if s["refresh_savings"] is None else f"{100 * s['refresh_savings']:.1f}%"
+        sav = ("undefined (periodic refresh gains no AL here)" if s.get("periodic_flat") else
+               "n/a" if s["refresh_savings"] is None else f"{100 * s['refresh_savings']:.1f}%")
         lines.append(f"\n{fam}: {sav} fewer refreshes than periodic refresh at matched AL (best knob)")
     return "\n".join(lines)
 

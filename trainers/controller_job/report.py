@@ -245,13 +245,21 @@ def span(iv, scale=100.0, fmt=".1f") -> str:
     return "" if iv is None else f" [{scale * iv[0]:{fmt}}, {scale * iv[1]:{fmt}}]"
 
 
+def saving(s: dict) -> str:
+    """A family's refresh savings at matched AL with its interval; "undefined" where periodic's curve is flat
+    (``rift_ada.tradeoff.FLAT_GAIN``: no refresh rate of its matches an AL, so there is nothing to save against)."""
+    if s.get("periodic_flat"):
+        return "undefined (periodic refresh gains no AL here)"
+    return f"{pct(s.get('refresh_savings'))}{span(s.get('refresh_savings_interval'))}"
+
+
 def headline_line(fam: str, s: dict) -> str:
     """One family's replayed headline: savings at matched AL, share of the oracle's, AL gain; each with its
     interval (bootstrap over the held-out prompts)."""
-    share = "" if fam == "oracle" else \
+    share = "" if fam == "oracle" or s.get("periodic_flat") else \
         f"; {pct(s.get('oracle_share'))}{span(s.get('oracle_share_interval'))} of the oracle's saving at that AL"
     gain = "n/a" if s.get("al_gain") is None else f"{s['al_gain']:+.3f}"
-    return (f"{fam}: {pct(s.get('refresh_savings'))}{span(s.get('refresh_savings_interval'))} fewer refreshes than "
+    return (f"{fam}: {saving(s)} fewer refreshes than "
             f"periodic at matched AL{share}; AL gain at matched refresh count {gain}"
             f"{span(s.get('al_gain_interval'), 1.0, '+.3f')}")
 
@@ -272,7 +280,7 @@ def print_summary(rows: list, summary: dict, by_task: dict, check: list, args, e
         print(headline_line(fam, s))
     for task, s in by_task.items():
         print(f"  {task} prompts only: " + "; ".join(
-            f"{fam} {pct(v.get('refresh_savings'))}{span(v.get('refresh_savings_interval'))}"
+            f"{fam} {saving(v)}"
             for fam, v in s.items()))
     if check:
         print(f"real decoder on the first {args.check_prompts} of them (same seeds at every point), against the "

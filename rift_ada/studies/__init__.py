@@ -1,0 +1,1 @@
+"""Code serving single scripts of ``experiments/`` (benchmarks, studies): the core never imports it."""

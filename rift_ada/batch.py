@@ -35,10 +35,9 @@ from transformers.cache_utils import Cache
 from .ragged import RowLayer, TargetStore
 from .recurrent import TargetStates
 from .rift_layer import ROUND_SLACK, RiftLayer
-from .rounds import (accept, accept_on_device, draft_count, entropy, pack_outcome, sample, sampling_probs, token_probs,
-                     unpack_outcomes)
+from .rounds import accept, draft_count, entropy, sample, sampling_probs, unpack_outcomes
 from .signals import DecoderState, observe
-from .speculative import DecodeResult, RoundRecord, SpeculativeDecoder, Clock
+from .speculative import Clock, DecodeResult, RoundRecord, SpeculativeDecoder, check_prompt
 
 __all__ = ["BatchDecoder", "BatchRound", "RowBatch", "batched_forward", "batched_greedy", "decide_rows",
            "joint_rows", "check_batch"]
@@ -225,12 +224,10 @@ def batched_forward(model, caches: Sequence, tokens: Sequence[Sequence[int]], de
 
 
 # --- checks ----------------------------------------------------------------------------------------------------------
-def check_batch(prompts, max_new_tokens, models, device, dtype_bytes: int | None = None,
-                memory_limit: int | None = None) -> tuple[list[list[int]], list[int]]:
+def check_batch(prompts, max_new_tokens, models, device) -> tuple[list[list[int]], list[int]]:
     """(prompts as lists, max_new_tokens per row), or ValueError in one line: no prompts, an empty prompt, a
-    prompt plus its new tokens beyond the models' context (naming the row), a ``max_new_tokens`` list of the wrong
-    length, or caches that would not fit in ``memory_limit`` bytes (estimated before anything is allocated:
-    ``estimate_bytes``)."""
+    ``max_new_tokens`` list of the wrong length, or a row that ``check_prompt`` refuses (beyond the models'
+    context), named."""
     if isinstance(prompts, torch.Tensor):
         prompts = prompts.tolist() if prompts.dim() == 2 else [prompts.tolist()]
     rows = [list(map(int, p)) for p in prompts]
@@ -239,15 +236,15 @@ def check_batch(prompts, max_new_tokens, models, device, dtype_bytes: int | None
     news = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(rows)
     if len(news) != len(rows):
         raise ValueError(f"{len(news)} max_new_tokens for a batch of {len(rows)} prompts")
-    limit = min(getattr(m.config, "max_position_embeddings", 1 << 30) for m in models)
     for i, (p, n) in enumerate(zip(rows, news)):
         if not p:
             raise ValueError(f"prompt {i} of the batch is empty")
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {n!r} for row {i}")
-        if len(p) + n > limit:
-            raise ValueError(f"row {i} of the batch: prompt ({len(p)} tokens) + max_new_tokens ({n}) exceeds the "
-                             f"models' context of {limit} tokens")
+        try:
+            check_prompt(p, n, models, device)  # the single decoder's rule for what fits the context
+        except ValueError as e:
+            raise ValueError(f"row {i} of the batch: {e}") from None
     return rows, news
 
 
@@ -259,7 +256,7 @@ def kv_bytes_per_token(config, dtype_bytes: int) -> int:
     return 2 * text.num_hidden_layers * kv_heads * head_dim * dtype_bytes
 
 
-def estimate_bytes(target, draft, layout, lengths: Sequence[int], self_speculative: bool) -> int:
+def estimate_bytes(target, draft, layout, lengths: Sequence[int]) -> int:
     """What a batch's caches take at their largest, before any is allocated: the target's store (every row at the
     longest row's final length, ``rift_ada.ragged``) and one row's prefill beside it, the draft's backing store (a
     refreshable layout) or its full cache (``full``) per row, and the stacked copy a forward makes of the draft's
@@ -293,8 +290,7 @@ def available_bytes(device) -> int | None:
 def decide_rows(controller, states: Sequence[DecoderState]) -> list[bool]:
     """Each row's refresh from its own state: a refresh controller's ``decide_batch`` over the rows' observations
     (one call: vectorised where the kind provides it), or ``decide`` row by row; None never refreshes. A controller
-    that decides otherwise (a joint controller's (refresh, draft length)) is refused in one line: a batch drafts one
-    length per round (``BatchDecoder.rounds`` takes a ``draft_length`` rule for that)."""
+    that decides otherwise is refused in one line (a joint controller's (refresh, draft length): ``joint_rows``)."""
     if controller is None:
         return [False] * len(states)
     if not hasattr(controller, "decide"):
@@ -386,7 +382,7 @@ class BatchDecoder:
         t = self.template
         rows, news = check_batch(prompts, max_new_tokens, (self.target, self.draft), self.device)
         lengths = [len(p) + n + self.k + 1 for p, n in zip(rows, news)]
-        need = estimate_bytes(self.target, self.draft, self.layout, lengths, t.self_speculative)
+        need = estimate_bytes(self.target, self.draft, self.layout, lengths)
         free = self.memory_limit if self.memory_limit is not None else available_bytes(self.device)
         if free is not None and need > free:
             raise ValueError(f"a batch of {len(rows)} rows up to {max(lengths)} tokens needs about "
@@ -522,33 +518,19 @@ class BatchDecoder:
         firsts = [r.target_pending[0] if i in before else 0 for i, r in enumerate(rows)]
         grow = [ks[i] if i in before else -1 for i in range(len(rows))]  # -1: an ended row's length stays
         t_logits = self.static_verify.on_device(self.store, firsts, drafts, grow)
-        sampled = self.temperature > 0
-        packed, unread = [], []
-        for i in live:
-            r, kr = rows[i], ks[i]
-            u = (torch.rand(kr + 1, generator=r.generator, device=self.device, dtype=torch.float64) if sampled
-                 else None)
-            d = drafts[i, :kr]
-            n, nxt = accept_on_device(d, None if q_probs is None else q_probs[i, :kr], t_logits[i, :kr + 1], u,
-                                      *r.sampling)
-            emitted_p = None
-            if sampled:
-                emit = torch.where(torch.arange(kr + 1, device=self.device) < n, torch.cat([d, nxt[None]]), nxt)
-                emitted_p = token_probs(t_logits[i, :kr + 1], emit, *r.sampling)
-            signals = None if isinstance(r.published_signals, tuple) else r.published_signals
-            unread.append(4 if signals is not None else 0)
-            packed.append(pack_outcome(d, n, nxt, entropies[i, :kr], emitted_p, signals))
+        unread = [rows[i].unread_signals() for i in live]
+        packed = [rows[i].device_outcome(drafts[i, :ks[i]], None if q_probs is None else q_probs[i, :ks[i]],
+                                         entropies[i, :ks[i]], t_logits[i]) for i in live]
         values = torch.cat(packed).tolist()  # the round's one read of the device
         self.host_reads += 1
-        outcomes = unpack_outcomes(values, [ks[i] for i in live], sampled, unread)
+        outcomes = unpack_outcomes(values, [ks[i] for i in live], self.temperature > 0, unread)
         clock.lap("verify")
         for i, o in zip(live, outcomes):
-            if o.signals is not None:
-                rows[i].published_signals = o.signals
+            rows[i].take_signals(o)
         replayed = [rows[i].roll_back(ks[i], o.accepted, o.drafts, o.next_token) for i, o in zip(live, outcomes)]
         clock.lap("rollback")
-        records = {i: rows[i].close_round(*before[i], f, ks[i], o, rows[i].published_signals, active[i], rep, clock.seconds)
-                   for i, f, o, rep in zip(live, refresh, outcomes, replayed)}
+        records = {i: rows[i].close_round(*before[i], f, ks[i], o, rows[i].published_signals, active[i], rep,
+                                          clock.seconds) for i, f, o, rep in zip(live, refresh, outcomes, replayed)}
         out = BatchRound(records, k, dict(clock.seconds), max(len(p) + kr - 1 for p, kr in zip(pendings, ks)) + 1)
         self.history.append(out)
         return out
@@ -565,7 +547,7 @@ class BatchDecoder:
         for i in drafting:
             if len(rows[i].draft_pending) > 1:
                 early.setdefault(len(rows[i].draft_pending) - 1, []).append(i)
-        for count, idx in early.items():
+        for idx in early.values():
             batched_forward(self.draft, [rows[i].dcache for i in idx], [rows[i].draft_pending[:-1] for i in idx],
                             self.device, observe=True)
             forwards += 1

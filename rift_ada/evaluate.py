@@ -96,15 +96,26 @@ def evaluate(decoder: SpeculativeDecoder, prompts: Sequence[Sequence[int]], cont
     for i, ids in tqdm(distributed.shard(prompts), desc=desc, disable=not progress or not distributed.is_main()):
         with distributed.on_shard(i):
             res = decode(decoder, ids, max_new_tokens, controller)
-            row = {"prompt": i, "prompt_tokens": len(ids), "acceptance_length": acceptance_length(res.rounds),
-                   "refreshes": res.refreshes, "generated_tokens": len(res.tokens)}
-            if greedy_check:
-                ref = (list(references[i]) if references is not None
-                       else greedy_reference(decoder.target, list(ids), max_new_tokens, decoder.eos_token_id))
-                row["target_greedy_match"] = ref == res.tokens
+            ref = None if not greedy_check else (
+                list(references[i]) if references is not None
+                else greedy_reference(decoder.target, list(ids), max_new_tokens, decoder.eos_token_id))
+            row = prompt_row(i, ids, res, ref)
         decoded.append((i, (res, row)))
     gathered = distributed.gather(decoded)  # every process's shard, in prompt order
-    results, rows = [res for res, _ in gathered], [row for _, row in gathered]
+    return evaluation([res for res, _ in gathered], [row for _, row in gathered], max_new_tokens, greedy_check)
+
+
+def prompt_row(i: int, ids, res, reference: list[int] | None = None) -> dict:
+    """One prompt's row of an Evaluation; with the target's own greedy ``reference``, whether the output equals it."""
+    row = {"prompt": i, "prompt_tokens": len(ids), "acceptance_length": acceptance_length(res.rounds),
+           "refreshes": res.refreshes, "generated_tokens": len(res.tokens)}
+    if reference is not None:
+        row["target_greedy_match"] = reference == res.tokens
+    return row
+
+
+def evaluation(results: list, rows: list[dict], max_new_tokens: int, greedy_check: bool) -> Evaluation:
+    """The Evaluation of these results and their rows: the summary, with the share of greedy matches."""
     summary = summarize(results, max_new_tokens)
     matches = [row["target_greedy_match"] for row in rows] if greedy_check else []
     summary["target_greedy_match"] = sum(matches) / len(matches) if matches else None
@@ -122,30 +133,23 @@ def evaluate_batched(decoder, prompts: Sequence[Sequence[int]], controller=None,
         raise ValueError("the greedy check needs temperature 0")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    decide = ((lambda states: joint_rows(controller, states)) if is_joint(controller)  # each row's refresh, one k
+              else (lambda states: (decide_rows(controller, states), None)))
     results, rows = [], []
     desc = progress if isinstance(progress, str) else "evaluate"
-    starts = range(0, len(prompts), batch_size)
-    for start in tqdm(starts, desc=desc, disable=not progress):
+    for start in tqdm(range(0, len(prompts), batch_size), desc=desc, disable=not progress):
         chunk = [list(p) for p in prompts[start:start + batch_size]]
         decoder.reset(chunk, max_new_tokens)
         while not decoder.done:
-            if is_joint(controller):  # each row's refresh, one k for the round (the rows' most common choice)
-                decoder.step(*joint_rows(controller, decoder.states))
-            else:
-                decoder.step(decide_rows(controller, decoder.states))
+            decoder.step(*decide(decoder.states))
         for j, (ids, res) in enumerate(zip(chunk, decoder.results)):
-            row = {"prompt": start + j, "prompt_tokens": len(ids), "acceptance_length": acceptance_length(res.rounds),
-                   "refreshes": res.refreshes, "generated_tokens": len(res.tokens)}
-            if greedy_check:
-                ref = greedy_reference(decoder.target, ids, max_new_tokens, decoder.eos_token_id)
-                row["target_greedy_match"] = ref == res.tokens
+            ref = (greedy_reference(decoder.target, ids, max_new_tokens, decoder.eos_token_id) if greedy_check
+                   else None)
             results.append(res)
-            rows.append(row)
-    summary = summarize(results, max_new_tokens)
-    matches = [row["target_greedy_match"] for row in rows] if greedy_check else []
-    summary["target_greedy_match"] = sum(matches) / len(matches) if matches else None
-    summary["batch_size"] = batch_size
-    return Evaluation(results, summary, rows)
+            rows.append(prompt_row(start + j, ids, res, ref))
+    ev = evaluation(results, rows, max_new_tokens, greedy_check)
+    ev.summary["batch_size"] = batch_size
+    return ev
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -197,10 +201,10 @@ def run(args) -> dict:
     if args.batch_size > 1:
         from .batch import BatchDecoder
 
-        if is_joint(policy.controller):
-            check_joint(policy.controller, dec.template)
         dec = BatchDecoder.for_pair(pair, policy.layout, decoding_from_args(args), draft,
                                     store_device=args.store_device)
+        if is_joint(policy.controller):
+            check_joint(policy.controller, dec.template)
     else:
         dec = SpeculativeDecoder.for_pair(pair, policy.layout, decoding_from_args(args), draft,
                                           store_device=args.store_device)

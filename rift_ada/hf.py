@@ -157,12 +157,19 @@ def _generate_batch(model, draft, policy, draft_length, seed, sampling, input_id
     decoder = BatchDecoder(model, draft, policy.layout, draft_length, seed=seed, **steps, **sampling)
     decoder.reset(prompts, max_new)
     rows = decoder.rows
+    seen = [0] * len(rows)  # tokens of each row the stopping criteria have been asked about
+    kept = [None] * len(rows)  # where a criterion stopped a row (None: it ran to its end)
 
     def stop_rows() -> None:
-        for i in decoder.live:
-            seq = torch.tensor([prompts[i] + rows[i].result.tokens], device=input_ids.device)
-            if stopping_criteria is not None and bool(stopping_criteria(seq, None).all()):
-                rows[i].done = True
+        """Each row's new tokens one at a time, as plain generate asks (a criterion may fire mid-round): a row
+        stops at the first token where one fires."""
+        for i, r in enumerate(rows):
+            tokens = r.result.tokens
+            while stopping_criteria is not None and kept[i] is None and seen[i] < len(tokens):
+                seen[i] += 1
+                seq = torch.tensor([prompts[i] + tokens[:seen[i]]], device=input_ids.device)
+                if bool(stopping_criteria(seq, None).all()):
+                    kept[i], r.done = seen[i], True
 
     stop_rows()
     while not decoder.done:
@@ -170,18 +177,11 @@ def _generate_batch(model, draft, policy, draft_length, seed, sampling, input_id
         stop_rows()
     pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
     pad = (pad[0] if isinstance(pad, (list, tuple)) else pad) if pad is not None else 0
-    longest = max(len(r.result.tokens) for r in rows)
-    sequences = torch.full((len(rows), input_ids.shape[1] + longest), int(pad), dtype=torch.long,
+    outputs = [r.result.tokens[:kept[i]] for i, r in enumerate(rows)]
+    sequences = torch.full((len(rows), input_ids.shape[1] + max(map(len, outputs))), int(pad), dtype=torch.long,
                            device=input_ids.device)
     sequences[:, :input_ids.shape[1]] = input_ids
-    for i, r in enumerate(rows):
-        tokens = r.result.tokens
-        if stopping_criteria is not None:  # a criterion may fire mid-round: keep what plain generate would
-            for n in range(1, len(tokens) + 1):
-                seq = torch.tensor([prompts[i] + tokens[:n]], device=input_ids.device)
-                if bool(stopping_criteria(seq, None).all()):
-                    tokens = tokens[:n]
-                    break
+    for i, tokens in enumerate(outputs):
         sequences[i, input_ids.shape[1]:input_ids.shape[1] + len(tokens)] = torch.tensor(tokens)
     if cfg.return_dict_in_generate:
         return RiftGenerateOutput(sequences=sequences,

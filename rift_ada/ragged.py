@@ -48,7 +48,7 @@ class TargetStore:
             mine = RowLayer(self, i, row, getattr(layer, "sliding_window", None))
             mine.load(layer)
             layers.append(mine)
-        view = RowCache(layers)
+        view = RowCache(layers=layers)
         self.views.append(view)
         return view
 
@@ -65,9 +65,6 @@ class TargetStore:
                 if isinstance(layer, RowLayer):
                     layer.row = new
         self.rows = len(rows)
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.k.values(), *self.v.values()))
 
 
 class RowLayer(DynamicLayer):
@@ -159,12 +156,5 @@ class RowLayer(DynamicLayer):
 
 
 class RowCache(Cache):
-    """One row's target cache over a :class:`TargetStore` (and its own recurrent layers)."""
-
-    def __init__(self, layers):
-        super().__init__(layers=layers)
-
-    def activate_past_recording(self) -> None:  # attention rows keep every token already
-        for layer in self.layers:
-            if hasattr(layer, "activate_past_recording") and not isinstance(layer, RowLayer):
-                layer.activate_past_recording()
+    """One row's target cache over a :class:`TargetStore` (and its own recurrent layers): a transformers ``Cache``
+    of the layers :meth:`TargetStore.adopt` gives it."""

@@ -343,7 +343,7 @@ class SpeculativeDecoder:
         # The signals the decision read (the state published before this round), read back with the round's results.
         signals = self.published_signals if isinstance(self.published_signals, tuple) else None
         if self.device_round:
-            outcome, active = self._on_device(k, clock, signals is None)
+            outcome, active = self._on_device(k, clock)
             signals = signals or outcome.signals
         else:
             signals = signals or self.resolve_signals()
@@ -398,11 +398,11 @@ class SpeculativeDecoder:
                                                            *self.sampling).tolist()
         return RoundOutcome(drafts, n, nxt, entropies, p)
 
-    def _on_device(self, k: int, clock: Clock, signals: bool) -> tuple[RoundOutcome, dict]:
+    def _on_device(self, k: int, clock: Clock) -> tuple[RoundOutcome, dict]:
         """A round's draft, verify and acceptance with every token kept on the device (both steps static): the draft
         step draws each draft from uniforms drawn once, the acceptance test runs as tensor code (``rounds.
         accept_on_device``), and the round's outcome comes back in one read (``host_reads``; ``rounds.pack_outcome``
-        and ``unpack_outcomes``), with the previous state's cache signals when ``signals`` (none was read yet)."""
+        and ``unpack_outcomes``), with the previous state's cache signals when none was read yet."""
         feed = self.draft_pending
         if k and len(feed) > 2:
             feed = self.catch_up(feed)
@@ -414,21 +414,38 @@ class SpeculativeDecoder:
         active = self.dcache.active_bytes_by_kind()
         clock.lap("draft")
         t_logits = self._static_verify.on_device(self.tcache, self.target_pending[0], drafts)
-        sampled = self.temperature > 0
-        u = torch.rand(k + 1, generator=self.generator, device=self.device, dtype=torch.float64) if sampled else None
-        n, nxt = accept_on_device(drafts, q_probs, t_logits, u, *self.sampling)
-        emitted_p = None
-        if sampled:  # the target's probability of each token the round may emit: drafts[:n], then nxt
-            emit = torch.where(torch.arange(k + 1, device=self.device) < n, torch.cat([drafts, nxt[None]]), nxt)
-            emitted_p = token_probs(t_logits, emit, *self.sampling)
-        packed = pack_outcome(drafts, n, nxt, entropies, emitted_p, self.published_signals if signals else None)
+        packed = self.device_outcome(drafts, q_probs, entropies, t_logits)
         values = packed.tolist()  # the round's one read of the device
         self.host_reads += 1
         clock.lap("verify")
-        (outcome,) = unpack_outcomes(values, [k], sampled, [4 if signals else 0])
+        (outcome,) = unpack_outcomes(values, [k], self.temperature > 0, [self.unread_signals()])
+        self.take_signals(outcome)
+        return outcome, active
+
+    def device_outcome(self, drafts: torch.Tensor, q_probs: torch.Tensor | None, entropies: torch.Tensor,
+                       t_logits: torch.Tensor) -> torch.Tensor:
+        """A device round's acceptance (``rounds.accept_on_device``, its uniforms from this decoder's generator) and
+        its outcome packed on the device (``rounds.pack_outcome``), with the published cache signals when none were
+        read yet; nothing read back. This decoder's round and a batch's (every row's, read at once) both end here."""
+        k = drafts.shape[0]
+        sampled = self.temperature > 0
+        u = torch.rand(k + 1, generator=self.generator, device=self.device, dtype=torch.float64) if sampled else None
+        n, nxt = accept_on_device(drafts, q_probs, t_logits[:k + 1], u, *self.sampling)
+        emitted_p = None
+        if sampled:  # the target's probability of each token the round may emit: drafts[:n], then nxt
+            emit = torch.where(torch.arange(k + 1, device=self.device) < n, torch.cat([drafts, nxt[None]]), nxt)
+            emitted_p = token_probs(t_logits[:k + 1], emit, *self.sampling)
+        signals = self.published_signals if self.unread_signals() else None
+        return pack_outcome(drafts, n, nxt, entropies, emitted_p, signals)
+
+    def unread_signals(self) -> int:
+        """How many signal values a device round packs: the published cache signals (4) until someone read them."""
+        return 0 if isinstance(self.published_signals, tuple) else 4
+
+    def take_signals(self, outcome: RoundOutcome) -> None:
+        """Keep the signals a device round read back with its outcome."""
         if outcome.signals is not None:
             self.published_signals = outcome.signals
-        return outcome, active
 
     # --- a round's pieces --------------------------------------------------------------------------------------------
     def _draft(self, k: int) -> tuple[list[int], list, list[float]]:

@@ -158,27 +158,44 @@ class StaticForward:
         """Logits at ``ids`` (1, n) fed at ``pos`` (1, n), their keys and values written at ``slot`` (n,) of every
         layer's ``keys[i]`` / ``values[i]``; with ``qlog``, each layer's post-RoPE queries written at ``qslot`` of
         ``qlog[i]`` and their positions into ``qpos[i]`` (the observation log scoring reads)."""
+        return self._layers(ids, pos, slot, mask, keys, values, qlog, qpos, qslot)[0]
+
+    def _layers(self, ids, pos, slot, mask, keys, values, qlog=None, qpos=None, qslot=None):
+        """The forward itself, logits (b, n, vocab). ``slot`` / ``qslot``: (n,), the same slots for every row (one
+        sequence), or (b, n), each row its own (a batch, ``rift_ada.static_batch``: written by a scatter per row);
+        ``qpos[i]`` is then (b, log slots)."""
         inner = self.inner
         h = inner.embed_tokens(ids)
         cos, sin = inner.rotary_emb(h, pos)
         for i, layer in enumerate(inner.layers):
             attn = layer.self_attn
-            kb, vb = keys[i], values[i]
             x = layer.input_layernorm(h)
             shape = (*x.shape[:-1], -1, attn.head_dim)
             q, k = attn.q_proj(x).view(shape), attn.k_proj(x).view(shape)
             if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm per head before RoPE
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-            kb.index_copy_(2, slot, k)
-            vb.index_copy_(2, slot, attn.v_proj(x).view(shape).transpose(1, 2))
+            _write(keys[i], slot, k)
+            _write(values[i], slot, attn.v_proj(x).view(shape).transpose(1, 2))
             if qlog is not None:
-                qlog[i].index_copy_(2, qslot, q.to(qlog.dtype))
-                qpos[i].index_copy_(0, qslot, pos.reshape(-1))
-            o = self.attend(q, kb, vb, mask, attn.scaling)
+                _write(qlog[i], qslot, q.to(qlog.dtype))
+                if qslot.dim() == 1:
+                    qpos[i].index_copy_(0, qslot, pos.reshape(-1))
+                else:
+                    qpos[i].scatter_(1, qslot, pos)
+            o = self.attend(q, keys[i], values[i], mask, attn.scaling)
             h = h + attn.o_proj(o.transpose(1, 2).reshape(*x.shape[:-1], -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self.lm_head(inner.norm(h))[0]
+        return self.lm_head(inner.norm(h))
+
+
+def _write(buf: torch.Tensor, slot: torch.Tensor, x: torch.Tensor) -> None:
+    """``x`` (b, heads, n, d) into ``buf`` (b, heads, slots, d) at ``slot``: (n,) the same slots for every row, or
+    (b, n) each row's own."""
+    if slot.dim() == 1:
+        buf.index_copy_(2, slot, x)
+    else:
+        buf.scatter_(2, slot[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[-1]), x)
 
 
 class DraftArena:

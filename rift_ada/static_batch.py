@@ -20,7 +20,6 @@ instead. Supported: what ``rift_ada.static`` supports (Llama-family models whose
 from __future__ import annotations
 
 import torch
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from .rounds import entropy, sampling_probs
 from .static import MAX_ROUND, NO_WINDOW, StaticForward, check_static, static_buffer
@@ -35,41 +34,6 @@ def draw_rows(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     vocab = torch.arange(probs.shape[-1], device=probs.device)
     last = torch.where(probs > 0, vocab, -1).max(-1).values
     return torch.where(i < probs.shape[-1], i, last)
-
-
-class _RowsForward(StaticForward):
-    """The model's forward over a batch, each row at its own positions and slots."""
-
-    def _forward_rows(self, ids, pos, slot, mask, keys, values, qlog=None, qpos=None, qslot=None):
-        """Logits (rows, n, vocab) at ``ids`` (rows, n) fed at ``pos`` (rows, n); their keys and values written at
-        ``slot`` (rows, n) of each row of every layer's ``keys[i]`` / ``values[i]`` (rows, kv_heads, slots, d), under
-        ``mask`` (rows, 1, n, slots); with ``qlog``, post-RoPE queries written at ``qslot`` and positions into ``qpos``
-        (layers, rows, log slots)."""
-        inner = self.inner
-        h = inner.embed_tokens(ids)
-        cos, sin = inner.rotary_emb(h, pos)
-        rows, n = ids.shape
-        for i, layer in enumerate(inner.layers):
-            attn = layer.self_attn
-            kb, vb = keys[i], values[i]
-            x = layer.input_layernorm(h)
-            shape = (*x.shape[:-1], -1, attn.head_dim)
-            q, k = attn.q_proj(x).view(shape), attn.k_proj(x).view(shape)
-            if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm per head before RoPE
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-            v = attn.v_proj(x).view(shape).transpose(1, 2)
-            at = slot[:, None, :, None].expand(rows, k.shape[1], n, k.shape[-1])
-            kb.scatter_(2, at, k)
-            vb.scatter_(2, at, v)
-            if qlog is not None:
-                qat = qslot[:, None, :, None].expand(rows, q.shape[1], n, q.shape[-1])
-                qlog[i].scatter_(2, qat, q.to(qlog.dtype))
-                qpos[i].scatter_(1, qslot, pos)
-            o = self.attend(q, kb, vb, mask, attn.scaling)
-            h = h + attn.o_proj(o.transpose(1, 2).reshape(*x.shape[:-1], -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self.lm_head(inner.norm(h))
 
 
 # --- the draft ----------------------------------------------------------------------------------------------------------
@@ -100,7 +64,7 @@ class BatchDraftArena:
                    for r, cache in enumerate(caches) for i, layer in enumerate(cache.rift_layers))
 
 
-class BatchDraftStep(_RowsForward):
+class BatchDraftStep(StaticForward):
     """The draft's static step for a batch of RIFT caches. ``prepare(caches, capacity)`` after the rows' prefills;
     ``round(caches, pendings, ks, generators)`` drafts each row's ``ks[r]`` tokens on the device (no host read):
     (drafts (rows, max k) long, their distributions (rows, max k, vocab) or None when greedy, entropies (rows, max
@@ -130,7 +94,7 @@ class BatchDraftStep(_RowsForward):
         band = slots >= slot[:, None] - window[:, None]
         mask = (slots <= slot[:, None]) & ((slots < n_imp[:, None]) | band)
         ids = tokens.gather(1, j.clamp_max(tokens.shape[1] - 1)[:, None])
-        logits = self._forward_rows(ids, pos[:, None], slot[:, None], mask[:, None, None], keys, values, qlog,
+        logits = self._layers(ids, pos[:, None], slot[:, None], mask[:, None, None], keys, values, qlog,
                                     qpos, qslot[:, None])[:, -1]
         keep = live & (j >= first)
         d = (j - first).clamp(0, entropies.shape[1] - 1)
@@ -242,7 +206,7 @@ class RowStaticKV:
         self.store.lengths[self.row] += min(tokens_to_remove, 0)
 
 
-class BatchVerify(_RowsForward):
+class BatchVerify(StaticForward):
     """The target's verify of a block of ``block`` tokens per row over a :class:`BatchStaticKV`: row r's pending
     token and drafts at its own positions; a row with fewer drafts is padded (the padding's entries lie past its
     length, its logits are dropped), so the shape is (rows, block) every round."""
@@ -257,7 +221,7 @@ class BatchVerify(_RowsForward):
     def _step(self, start, ids, keys, values):
         pos = start[:, None] + torch.arange(ids.shape[1], device=ids.device)[None]
         mask = torch.arange(keys.shape[3], device=ids.device)[None, None] <= pos[:, :, None]
-        return self._forward_rows(ids, pos, pos, mask[:, None], keys, values)
+        return self._layers(ids, pos, pos, mask[:, None], keys, values)
 
     @torch.inference_mode()
     def on_device(self, kv: BatchStaticKV, firsts: list[int], drafts: torch.Tensor, ks: list[int]) -> torch.Tensor:

@@ -35,6 +35,15 @@ def counting_reads(monkeypatch):
         yield counts
 
 
+def one_read_a_round(counts, step, plan):
+    """Run ``step(refresh, k)`` for each of ``plan``, asserting each reads the device once; the last one's result."""
+    for refresh, k in plan:
+        before = sum(counts.values())
+        out = step(refresh, k)
+        assert sum(counts.values()) - before == 1, (refresh, k, dict(counts))
+    return out
+
+
 def models():
     target = random_model("llama", vocab=128, layers=2, hidden=64, heads=4, kv_heads=2, init=0.2)
     draft = random_model("llama", vocab=128, layers=2, hidden=64, heads=4, kv_heads=2, seed=3, init=0.2)
@@ -60,10 +69,7 @@ def test_a_device_round_reads_the_device_once(monkeypatch, temperature, drafter)
     dec.reset(prompt(), 60)
     plan = [(True, None), (False, None), (False, 2), (False, 0), (True, None), (False, None), (False, None)]
     with counting_reads(monkeypatch) as counts:
-        for refresh, k in plan:
-            before = sum(counts.values())
-            rec = dec.step(refresh, k)
-            assert sum(counts.values()) - before == 1, (refresh, k, dict(counts))
+        rec = one_read_a_round(counts, dec.step, plan)
         before = sum(counts.values())
         dec.state, dec.state
         assert sum(counts.values()) - before == 1, "the state's cache signals: one read, once"
@@ -102,10 +108,7 @@ def test_a_batched_device_round_reads_the_device_once(monkeypatch, temperature, 
     plan = [([True, False, True, False], None), ([False] * 4, None), ([False, True, False, False], 2),
             ([False] * 4, 0), ([False] * 4, 0), ([True] * 4, None), ([False] * 4, None), ([False] * 4, None)]
     with counting_reads(monkeypatch) as counts:
-        for refresh, k in plan:
-            before = sum(counts.values())
-            out = dec.step(refresh, k)
-            assert sum(counts.values()) - before == 1, (refresh, k, dict(counts))
+        out = one_read_a_round(counts, dec.step, plan)
         before = sum(counts.values())
         dec.states, dec.states
         assert sum(counts.values()) - before == 4, "each row's cache signals: one read, once"

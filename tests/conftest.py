@@ -12,6 +12,10 @@ os.environ.setdefault("WANDB_MODE", "offline")
 # which test files ran there before (seen once in 3 suite runs). The standard library's distutils serves inductor.
 os.environ.setdefault("SETUPTOOLS_USE_DISTUTILS", "stdlib")
 torch.set_num_threads(1)  # tiny models: threads only add overhead
+# The scripts the tests run as subprocesses inherit one thread too: beside the other xdist worker, a subprocess with
+# torch's default (one thread per core) oversubscribes the cores, and OpenMP's spinning threads then slow both (the
+# paper-regime test took 3x its time alone so).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 # Tests that need *a* real trained pair use the trained testbed models alone (``testbed-lm``): the shipped pair

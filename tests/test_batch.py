@@ -289,8 +289,8 @@ def test_evaluate_decodes_in_batches_with_the_same_summary():
     static step the batch cannot pair with a model step refused in one line."""
     from rift_ada.evaluate import build_parser, run
 
-    base = ["--policy", "rift-dyn", "--period", "8", "--budget", "256", "--prompts", "3", "--max-new-tokens", "24",
-            "--input-tokens", "700", "--json"]
+    base = ["--policy", "rift-dyn", "--period", "8", "--budget", "128", "--prompts", "3", "--max-new-tokens", "16",
+            "--input-tokens", "512", "--json"]
     batched = run(build_parser().parse_args([*base, "--batch-size", "2"]))
     alone = run(build_parser().parse_args([*base, "--no-greedy-check"]))
     assert batched["batch_size"] == 2 and batched["target_greedy_match"] == 1.0
@@ -300,6 +300,6 @@ def test_evaluate_decodes_in_batches_with_the_same_summary():
         run(build_parser().parse_args([*base, "--batch-size", "2", "--draft-step", "static"]))
     # A joint controller file: each row's refresh, one k a round (joint_rows), still the target's own output.
     joint = ROOT / "experiments" / "results" / "joint-7k-16k" / "controller-joint-ppo.pt"
-    out = run(build_parser().parse_args(["--policy", "rift-ada", "--controller", str(joint), *base[4:],
-                                         "--batch-size", "2"]))
+    out = run(build_parser().parse_args(["--policy", "rift-ada", "--controller", str(joint), *base[4:6],
+                                         "--prompts", "2", *base[8:], "--batch-size", "2"]))
     assert out["target_greedy_match"] == 1.0 and out["batch_size"] == 2

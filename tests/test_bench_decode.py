@@ -76,3 +76,21 @@ def test_bench_batches_writes_every_row_and_the_round_costs(tmp_path, monkeypatc
     assert set(costs) == {"testbed@batch1", "testbed@batch2"} and costs["testbed@batch2"]["batch"] == 2
     c = RoundCosts.from_dict(costs["testbed@batch2"]["rift"])
     assert c.lengths == (600,) and c.blocks == (1, 12) and c.budget == 128 and c.steps == "static"
+
+
+@pytest.mark.slow
+def test_bench_batches_runs_only_the_decoders_asked_for(tmp_path, monkeypatch):
+    """--batch-runs rift_dyn (the long-context memory row, where every decoder costs a target prefill per row): no
+    greedy or full run, so no speed ratio, no output check (None, not a pass) and no GPU costs; the bytes are there."""
+    out = tmp_path / "batch.json"
+    monkeypatch.setattr(sys, "argv", ["bench_decode.py", "--batch-sizes", "2", "--lengths", "600", "--max-new-tokens",
+                                      "8", "--budget", "128", "--mixed-batch", "0", "--batch-runs", "rift_dyn",
+                                      "--output", str(out)])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path("experiments/bench_decode.py", run_name="__main__")
+    assert done.value.code == 0
+    report = json.loads(out.read_text())
+    (row,) = report["lengths"][0]["batches"]
+    assert set(row["tokens_per_s"]) == {"rift_dyn"} and row["same_output"] == {"rift_dyn": None}
+    assert "speedup_vs_greedy" not in row and report["costs"] == {}
+    assert 2 * 128 * 24_576 <= row["draft_active_kv_bytes"]["rift_dyn"] <= 2 * (128 + 12) * 24_576

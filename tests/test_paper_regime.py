@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--input-tokens", "1024", "--reference-tokens", "512", "--max-new-tokens", "96", "--budget", "256",
          "--budgets", "128", "--prompts", "2", "--temperatures", "0", "1", "--refresh-grid", "8", "--dyn-period", "16",
          "--periods", "8", "16", "32", "64", "--bin", "32", "--episodes", "4", "--resamples", "200",
-         "--oracle-lams", "1", "4", "--threads", "2"]
+         "--oracle-lams", "1", "4", "--threads", "1"]
 
 
 def run(args, tmp_path, timeout=900):
@@ -96,7 +96,7 @@ def check_on_the_real_decoder(tmp_path, ctrl):
     equal); sampling, one decode lands inside the replay's range; a temperature the run lacks is refused."""
     def check(*args):
         res = subprocess.run([sys.executable, str(ROOT / "experiments" / "regime_check.py"), "--run", "out",
-                              "--controllers", str(ctrl), "--periods", "8", "16", "--threads", "2", *args],
+                              "--controllers", str(ctrl), "--periods", "8", "16", "--threads", "1", *args],
                              env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=600,
                              cwd=tmp_path)
         return res, (json.loads((tmp_path / "out" / f"check-t{args[1]}.json").read_text())

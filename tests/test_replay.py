@@ -488,7 +488,7 @@ def test_replay_fidelity_script_decodes_greedy_and_sampled(tmp_path):
     root = Path(__file__).resolve().parents[1]
     res = subprocess.run([sys.executable, str(root / "experiments" / "replay_fidelity.py"), "--input-tokens", "512",
                           "--prompts", "1", "--seeds", "1", "--episodes", "4", "--max-new-tokens", "48", "--periods",
-                          "8", "--workers", "1", "--threads", "2", "--task", "low", "--output-dir", str(tmp_path)],
+                          "8", "--workers", "1", "--threads", "1", "--task", "low", "--output-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((tmp_path / "fidelity.json").read_text())["summary"]

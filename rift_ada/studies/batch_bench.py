@@ -11,6 +11,8 @@ import json
 import sys
 import time
 
+RUNS = ("greedy", "full", "rift_dyn")
+
 
 def add_batch_options(parser) -> None:
     g = parser.add_argument_group("batched rows (--batch-sizes)")
@@ -21,6 +23,10 @@ def add_batch_options(parser) -> None:
                         "model: the models' own forwards)")
     g.add_argument("--mixed-batch", type=int, default=8,
                    help="the size of the mixed batch (low, sort, high in turn; 0: none)")
+    g.add_argument("--batch-runs", nargs="+", choices=RUNS, default=list(RUNS),
+                   help="which decoders each batch runs (default: all; e.g. rift_dyn alone to measure the draft's "
+                        "memory at a long context, where every run costs one target prefill per row; without greedy "
+                        "there is no speed ratio, no output check and no GPU costs)")
 
 
 def check_batch_options(parser, args) -> None:
@@ -45,7 +51,7 @@ def bench_batches(pair, length: int, args) -> dict:
     """One input length's batched rows: for each batch size a batch of distinct ``low`` prompts (and the mixed
     batch), decoded by plain greedy and by speculation with a full and a rift-dyn draft cache, all in this run, each
     checked against plain greedy's tokens. Decode only: the prefills (one per row) are outside the seconds."""
-    from rift_ada.batch import BatchDecoder, batched_greedy, decide_rows
+    from rift_ada.batch import batched_greedy
     from rift_ada.data import build_tasks, encode
 
     eos = pair.tokenizer.eos_token_id
@@ -64,46 +70,60 @@ def bench_batches(pair, length: int, args) -> dict:
     out = {"input_tokens": length, "step": args.batch_step, "batches": []}
     for name, prompts in batches:
         row = {"batch": name, "rows": len(prompts), "prompt_tokens": [len(p) for p in prompts]}
-        if args.batch_step == "compiled":  # compile outside the timed runs: one short generation of this batch first
-            batched_greedy(pair.target, prompts, 4, eos, step="compiled")
-        plain, steps = batched_greedy(pair.target, prompts, args.max_new_tokens, eos, step=args.batch_step)
-        new = sum(len(t) - 1 for t in plain)  # the first token of each row comes with its prefill
-        row["tokens_per_s"] = {"greedy": new / sum(steps)}
-        row["greedy_ms_per_step"] = 1e3 * sum(steps) / len(steps)
-        row["same_output"], row["acceptance_length"], row["split"], row["draft_active_kv_bytes"] = {}, {}, {}, {}
+        plain = None
+        row["tokens_per_s"], row["same_output"], row["acceptance_length"], row["split"] = {}, {}, {}, {}
+        row["draft_active_kv_bytes"], row["round_costs"] = {}, {}
+        if "greedy" in args.batch_runs:
+            if args.batch_step == "compiled":  # compile outside the timed runs: one short generation of this batch
+                batched_greedy(pair.target, prompts, 4, eos, step="compiled")
+            plain, steps = batched_greedy(pair.target, prompts, args.max_new_tokens, eos, step=args.batch_step)
+            row["tokens_per_s"]["greedy"] = sum(len(t) - 1 for t in plain) / sum(steps)  # 1st token: the prefill's
+            row["greedy_ms_per_step"] = 1e3 * sum(steps) / len(steps)
+            row["round_costs"]["greedy_step_s"] = sum(steps) / len(steps)
         for label, policy in (("full", args.policies["full"]), ("rift_dyn", args.policies["rift-dyn"])):
-            dec = BatchDecoder(pair.target, pair.draft, policy.layout, args.draft_length, eos_token_id=eos,
-                               seed=args.seed, draft_step=args.batch_step, verify_step=args.batch_step)
-            dec.template.phase_sync = True  # phases timed apart on a GPU too (a sync each; none on a CPU)
-            if args.batch_step == "compiled":
-                dec.reset(prompts, 8)
-                list(dec.rounds(lambda states, c=policy.controller: decide_rows(c, states)))
-            dec.reset(prompts, args.max_new_tokens)
-            rounds, wall = [], 0.0
-            while not dec.done:
-                refresh = decide_rows(policy.controller, dec.states)
-                t0 = time.perf_counter()
-                rounds.append(dec.step(refresh))
-                wall += time.perf_counter() - t0
-            seconds = {phase: sum(r.seconds[f"{phase}_seconds"] for r in rounds)
-                       for phase in ("refresh", "draft", "verify", "rollback")}
-            seconds["host"] = wall - sum(seconds.values())  # the rest: closing each row's round, the records
-            row["tokens_per_s"][label] = new / wall
-            row["same_output"][label] = [r.tokens for r in dec.results] == plain
-            row["acceptance_length"][label] = sum(len(r.tokens) - 1 for r in dec.results) / sum(
-                len(r.rounds) for r in dec.results)
-            row["split"][label] = {**{p: s / wall for p, s in seconds.items()}, "rounds": len(rounds),
-                                   "round_ms": 1e3 * wall / len(rounds)}
-            # The batch's draft KV at its largest round: the sum over the rows that took part.
-            row["draft_active_kv_bytes"][label] = max(sum(rec.active_kv_bytes for rec in r.records.values())
-                                                      for r in rounds)
-            row.setdefault("round_costs", {})[label] = round_costs(rounds, args.draft_length)
-        row["round_costs"]["greedy_step_s"] = sum(steps) / len(steps)
-        row["speedup_vs_greedy"] = {k: v / row["tokens_per_s"]["greedy"] for k, v in row["tokens_per_s"].items()
-                                    if k != "greedy"}
+            if label not in args.batch_runs:
+                continue
+            for key, value in run_decoder(pair, policy, prompts, args, plain).items():
+                row[key][label] = value
+        if plain is not None:
+            row["speedup_vs_greedy"] = {k: v / row["tokens_per_s"]["greedy"] for k, v in row["tokens_per_s"].items()
+                                        if k != "greedy"}
         out["batches"].append(row)
         print(json.dumps(row), file=sys.stderr)
     return out
+
+
+def run_decoder(pair, policy, prompts: list, args, plain) -> dict:
+    """One batched speculative run of ``prompts`` under ``policy``: its decode tokens/s, output check against plain
+    greedy's tokens (None without them), acceptance, the round's split, the draft's active KV and round costs."""
+    from rift_ada.batch import BatchDecoder, decide_rows
+
+    dec = BatchDecoder(pair.target, pair.draft, policy.layout, args.draft_length,
+                       eos_token_id=pair.tokenizer.eos_token_id, seed=args.seed,
+                       draft_step=args.batch_step, verify_step=args.batch_step)
+    dec.template.phase_sync = True  # phases timed apart on a GPU too (a sync each; none on a CPU)
+    if args.batch_step == "compiled":
+        dec.reset(prompts, 8)
+        list(dec.rounds(lambda states, c=policy.controller: decide_rows(c, states)))
+    dec.reset(prompts, args.max_new_tokens)
+    rounds, wall = [], 0.0
+    while not dec.done:
+        refresh = decide_rows(policy.controller, dec.states)
+        t0 = time.perf_counter()
+        rounds.append(dec.step(refresh))
+        wall += time.perf_counter() - t0
+    seconds = {phase: sum(r.seconds[f"{phase}_seconds"] for r in rounds)
+               for phase in ("refresh", "draft", "verify", "rollback")}
+    seconds["host"] = wall - sum(seconds.values())  # the rest: closing each row's round, the records
+    new = sum(len(r.tokens) - 1 for r in dec.results)  # the first token of each row comes with its prefill
+    return {"tokens_per_s": new / wall,
+            "same_output": None if plain is None else [r.tokens for r in dec.results] == plain,
+            "acceptance_length": new / sum(len(r.rounds) for r in dec.results),
+            "split": {**{p: s / wall for p, s in seconds.items()}, "rounds": len(rounds),
+                      "round_ms": 1e3 * wall / len(rounds)},
+            # The batch's draft KV at its largest round: the sum over the rows that took part.
+            "draft_active_kv_bytes": max(sum(rec.active_kv_bytes for rec in r.records.values()) for r in rounds),
+            "round_costs": round_costs(rounds, args.draft_length)}
 
 
 def round_costs(rounds, k: int) -> dict:
@@ -130,7 +150,7 @@ def batch_costs(report: dict, args) -> dict:
     out = {}
     for b in args.batch_sizes:
         rows = [(entry["input_tokens"], batch) for entry in report["lengths"] for batch in entry["batches"]
-                if batch["batch"] == f"low x{b}"]
+                if batch["batch"] == f"low x{b}" and {"greedy_step_s", "full", "rift_dyn"} <= set(batch["round_costs"])]
         if not rows:
             continue
         rows.sort(key=lambda x: x[0])

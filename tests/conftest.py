@@ -18,6 +18,13 @@ torch.set_num_threads(1)  # tiny models: threads only add overhead
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Modules holding a slow test run first. Under ``--dist loadfile`` a module runs whole on one worker, and a long
+    module dispatched last leaves the other worker idle until it ends (longest first: the classic fix)."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") or item.get_closest_marker("timeout")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: each module's own order is kept
+
+
 # Tests that need *a* real trained pair use the trained testbed models alone (``testbed-lm``): the shipped pair
 # composes a hand-set copier beside them and costs about ten times the compute. Tests of the shipped pair's own
 # figures (tests/test_regression.py, tests/test_composed.py) load ``testbed``.

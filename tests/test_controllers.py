@@ -122,6 +122,7 @@ def trained_ppo():
     return model, venv, export_ppo(model, venv, lam=0.0)
 
 
+@pytest.mark.slow
 def test_ppo_export_parity(trained_ppo, tmp_path):
     model, venv, ctrl = trained_ppo
     xs = box_samples(10_000, seed=1)
@@ -143,6 +144,7 @@ def trained_dqn():
     return model, venv, export_dqn(model, venv, lam=0.0)
 
 
+@pytest.mark.slow
 def test_dqn_export_parity(trained_dqn, tmp_path):
     model, venv, ctrl = trained_dqn
     assert model.num_timesteps >= 256 and model._n_updates > 0, "the Q-network was trained"

@@ -260,6 +260,7 @@ def test_the_joint_env_prices_rounds_by_the_costs_and_passes_gymnasium_checks():
         env.step(7)
 
 
+@pytest.mark.slow
 def test_the_live_joint_env_gives_the_replay_env_rewards_round_for_round():
     """Greedy, never refreshing, the replay is the decoder's rounds exactly (tests/test_replay.py): so the live env,
     priced by the same costs, gives the same rewards at the same actions, at every k."""
@@ -300,6 +301,7 @@ def joint_run(tmp_path_factory):
     return out, argv
 
 
+@pytest.mark.slow
 def test_the_joint_job_exports_one_file_per_family_with_its_costs_and_baselines(joint_run, capsys):
     out, argv = joint_run
     summary = json.loads((out / "joint.json").read_text())

@@ -65,6 +65,7 @@ def test_learned_scorer_contract_file_and_layout(tmp_path):
         make_scorer(str(tmp_path / "other.pt"))
 
 
+@pytest.mark.slow
 def test_training_script_writes_a_scorer_every_entry_point_loads(tmp_path):
     out = tmp_path / "run"
     args = ["--train-prompts", "4", "--input-tokens", "512", "--continuation-tokens", "48", "--steps", "12",

@@ -123,6 +123,7 @@ def test_bootstrap_intervals_over_prompts():
         bootstrap(labels, per, prompts=[])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1200)  # the job's own timeout is 900 s
 def test_main_job_small_run_writes_wandb_offline_table_and_outputs(tmp_path):
     out = tmp_path / "run"

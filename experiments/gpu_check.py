@@ -42,9 +42,9 @@ import time
 import torch
 
 from rift_ada.cli import ArgumentParser, add_runtime_options, fail, write_output
-from rift_ada.gpu_sections import (DRAFTS, QWEN3_8B, REPS, SECTIONS, TINY_DRAFTS, TINY_TARGET, GraphGuard,
-                                   decode_section, failed, model_section, random_model, steps_section,
-                                   testbed_section, ties_section)
+from rift_ada.studies.gpu_sections import (DRAFTS, QWEN3_8B, REPS, SECTIONS, TINY_DRAFTS, TINY_TARGET, GraphGuard,
+                                           decode_section, failed, model_section, random_model, steps_section,
+                                           testbed_section, ties_section)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -9,7 +9,7 @@ the draft teacher-forced after every refresh time on a grid of ``--refresh-grid`
 ``--lookahead`` past what its queries attended), then from the same continuation the caches that never refresh
 (SnapKV's prefill selection, a sliding window), rift tables at the other ``--budgets`` (first temperature only) and,
 with ``--self``, the target drafting for itself. Every file is a unit: a stopped run resumes (``--output-dir``).
-From the tables (``rift_ada.regime``), each a CSV and a PNG:
+From the tables (``rift_ada.studies.regime``), each a CSV and a PNG:
 - ``staleness``: AL per ``--bin`` tokens of the generation for full, snapkv, window, rift-stat and rift-dyn
   (every ``--dyn-period`` tokens); ``retention.csv``: each over the whole generation against the same draft's full
   cache, with refreshes per 1K tokens; ``budgets``: rift-stat and rift-dyn at every budget;
@@ -86,7 +86,7 @@ def parse_args(argv=None):
 def tables_for(args, pair, prompts, temperature: float, out: Path):
     """Main tables (resumable, ``rift_ada.replay.build.build_tables``) and every table derived from them."""
     from rift_ada.layout import CacheLayout
-    from rift_ada.regime import Setting, table_name, tables_folder
+    from rift_ada.studies.regime import Setting, table_name, tables_folder
     from rift_ada.replay import ReplayTable
     from rift_ada.replay.build import Builder, TableSpec, build_tables, derive_tables
     from rift_ada.speculative import Decoding
@@ -148,14 +148,14 @@ def main(argv=None) -> int:
         apply_runtime(args)
         from rift_ada.models import load_pair
         from rift_ada.refresh import load_controllers
-        from rift_ada.regime import regime_prompts
+        from rift_ada.studies.regime import regime_prompts
 
         learned = load_controllers(args.controllers)
         pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype)
         prompts = regime_prompts(pair.tokenizer, vars(args))
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         return fail(e)
-    from rift_ada import regime
+    from rift_ada.studies import regime
     from rift_ada.trainers.controller_job.report import COLUMNS, plot, write_csv
 
     out, t0 = Path(args.output_dir), time.time()

@@ -97,7 +97,7 @@ def main(argv=None) -> int:
         apply_runtime(args)
         from rift_ada.layout import CacheLayout
         from rift_ada.models import load_pair
-        from rift_ada.regime import regime_prompts, table_name, tables_folder
+        from rift_ada.studies.regime import regime_prompts, table_name, tables_folder
         from rift_ada.replay import ReplayTable
         from rift_ada.resume import RunState
         from rift_ada.speculative import Decoding, SpeculativeDecoder

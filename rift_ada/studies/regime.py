@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .refresh import PeriodicController
-from .replay.fixed import al_by_position
-from .replay.process import full_table, table_replays
+from ..refresh import PeriodicController
+from ..replay.fixed import al_by_position
+from ..replay.process import full_table, table_replays
 
 STALENESS = ("full", "snapkv", "window", "rift-stat", "rift-dyn")
 
@@ -25,7 +25,7 @@ def regime_prompts(tokenizer, opts: dict) -> list[list[int]]:
     """The token ids of a run's prompts from its options (``experiments/paper_regime.py``'s, as its argparse namespace
     or its ``summary.json`` holds them): ``prompts`` of ``task`` from ``source_dir``, each copying a file of up to
     ``reference_tokens`` (at least half as many)."""
-    from .data import build_task_mix, encode_prompts
+    from ..data import build_task_mix, encode_prompts
 
     ref = {"reference_tokens": opts["reference_tokens"], "min_reference_tokens": opts["reference_tokens"] // 2}
     return encode_prompts(tokenizer, build_task_mix(tokenizer, opts["task"], opts["prompts"], opts["input_tokens"],
@@ -34,7 +34,7 @@ def regime_prompts(tokenizer, opts: dict) -> list[list[int]]:
 
 def table_name(index: int, ids) -> str:
     """A run's table of prompt ``index`` (the file stem in :func:`tables_folder`): its order and its tokens' hash."""
-    from .replay.build import prompt_sha
+    from ..replay.build import prompt_sha
 
     return f"p{index:03d}-{prompt_sha(ids)}"
 
@@ -233,7 +233,7 @@ def _pyplot():
 
 
 def _save(fig, path) -> None:
-    from .resume import atomic_write
+    from ..resume import atomic_write
 
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))

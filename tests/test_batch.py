@@ -300,6 +300,7 @@ def test_evaluate_decodes_in_batches_with_the_same_summary():
         run(build_parser().parse_args([*base, "--batch-size", "2", "--draft-step", "static"]))
     # A joint controller file: each row's refresh, one k a round (joint_rows), still the target's own output.
     joint = ROOT / "experiments" / "results" / "joint-7k-16k" / "controller-joint-ppo.pt"
-    out = run(build_parser().parse_args(["--policy", "rift-ada", "--controller", str(joint), *base[4:6],
-                                         "--prompts", "2", *base[8:], "--batch-size", "2"]))
+    out = run(build_parser().parse_args(["--policy", "rift-ada", "--controller", str(joint), "--budget", "128",
+                                         "--prompts", "2", "--max-new-tokens", "16", "--input-tokens", "512",
+                                         "--json", "--batch-size", "2"]))
     assert out["target_greedy_match"] == 1.0 and out["batch_size"] == 2

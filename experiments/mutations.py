@@ -164,4 +164,8 @@ MUTATIONS = [
                "        self.store.k[self.layer_idx][self.row, :, self.stored:self.stored + q] = key_states\n",
                "        self.store.k[self.layer_idx][self.row, :, self.stored + 1:self.stored + q + 1] = key_states\n")],
              ["tests/test_batch.py::test_batched_plain_greedy_equals_greedy"]),
+    Mutation("proposer-keeps-a-rejected-draft", "the engine-side draft pool keeps one draft too many at rollback",
+             [("rift_ada/proposer.py", "kept = min(fed, before + min(n, max(k - 1, 0)))",
+               "kept = min(fed, before + min(n + 1, max(k - 1, 0)))")],
+             ["tests/test_proposer.py::test_pool_drafts_what_the_decoder_drafts"]),
 ]

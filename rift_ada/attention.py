@@ -138,7 +138,7 @@ class _Probe:
 
 
 @torch.no_grad()
-def check_observable(model) -> None:
+def check_observable(model, kinds=None) -> None:
     """One one-token forward: every attention layer's attention must reach the observer with its ``layer_idx``
     (UnsupportedModelError otherwise, e.g. attention that bypasses AttentionInterface). Linear-attention / Mamba and
     cache-free layers have no attention to observe."""
@@ -148,7 +148,8 @@ def check_observable(model) -> None:
     probe = _Probe()
     ids = torch.zeros(1, 1, dtype=torch.long, device=model.device)
     model(ids, position_ids=torch.zeros_like(ids), use_cache=False, rift_observer=probe, logits_to_keep=1)
-    want = [i for i, k in enumerate(layer_kinds(model.config)) if k.kind in ("full", "sliding")]
+    kinds = layer_kinds(model.config) if kinds is None else kinds
+    want = [i for i, k in enumerate(kinds) if k.kind in ("full", "sliding")]
     if sorted(probe.seen) != want:
         raise UnsupportedModelError(f"{type(model).__name__}: the attention of layers "
                                     f"{sorted(set(want) - set(probe.seen)) or sorted(probe.seen)} does not go "

@@ -354,8 +354,8 @@ class BatchDecoder:
         if draft_step != "model":  # refuse what the static steps cannot run now, in one line, not at the first round
             from .static import check_static
 
-            check_static(self.template.draft)
-            check_static(self.template.target, role="target")
+            check_static(self.template.draft, kinds=self.template.kinds[1])
+            check_static(self.template.target, role="target", kinds=self.template.kinds[0])
             if draft_length + 1 > ROUND_SLACK:
                 raise ValueError(f"the static steps draft at most {ROUND_SLACK - 1} tokens a round (k), got "
                                  f"{draft_length}")

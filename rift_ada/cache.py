@@ -114,12 +114,13 @@ class RiftCache(Cache):
 
     @classmethod
     def for_config(cls, config, layout: CacheLayout, store_device: str | torch.device | None = None,
-                   extra_queries: int = 64) -> "RiftCache":
+                   extra_queries: int = 64, kinds=None) -> "RiftCache":
         """The cache for a model: one layer per decoder layer, of the model's own kind (UnsupportedModelError for
-        layer types rift-ada does not handle)."""
+        layer types rift-ada does not handle). ``kinds``: the model's ``layer_kinds``, when its owner computed them
+        already (a decoder does once, and carries them to every cache it builds)."""
         from .architectures import layer_kinds
 
-        kinds = layer_kinds(config)
+        kinds = layer_kinds(config) if kinds is None else kinds
         return cls(len(kinds), layout, store_device, extra_queries, kinds=kinds)
 
     # Called by rift_ada.attention for each layer of a forward that passes rift_observer=self.

@@ -170,8 +170,8 @@ class DraftPool:
         if controller is not None and not layout.refreshable:
             raise ValueError(f"a refresh controller needs a refreshable cache; {layout.describe()} has no backing "
                              "store (policy rift-dyn or rift-ada)")
-        layer_kinds(model.config)  # a draft rift-ada cannot roll back is refused here, in one line
-        check_observable(model)
+        self.kinds = layer_kinds(model.config)  # a draft rift-ada cannot roll back is refused here, in one line
+        check_observable(model, self.kinds)
         self.model, self.layout, self.controller = model, layout, controller
         self.k, self.max_new_tokens, self.store_device = draft_length, max_new_tokens, store_device
         self.max_len = max_len or getattr(model.config, "max_position_embeddings", None) or 1 << 30
@@ -243,7 +243,7 @@ class DraftPool:
         if len(context) < 2:
             raise ValueError("a row's context must hold the prompt and the engine's first token")
         start = time.perf_counter()
-        cache = RiftCache.for_config(self.model.config, self.layout, self.store_device)
+        cache = RiftCache.for_config(self.model.config, self.layout, self.store_device, kinds=self.kinds)
         ids = torch.as_tensor(context[:-1], device=self.device)[None]
         pos = torch.arange(ids.shape[1], device=self.device)[None]
         chunked_forward(self.model, ids, pos, self.prefill_chunk, cache=cache, rift_observer=cache)

@@ -127,13 +127,14 @@ def check_decoding(draft_length: int, temperature: float, top_p: float, top_k: i
             raise ValueError(f"{name} must be 'model', 'static' or 'compiled', got {value!r}")
 
 
-def check_models(target, draft) -> None:
+def check_models(target, draft) -> tuple[list, list]:
     """Refuse, in one line, a pair rift-ada cannot decode (UnsupportedModelError, ValueError); switches the draft to
-    its observing attention (one one-token forward)."""
+    its observing attention (one one-token forward). Returns the (target's, draft's) ``layer_kinds``: computed here
+    once, carried to the caches and steps built for the pair."""
     check_vocab(target, draft)
-    layer_kinds(target.config)  # both caches must roll back exactly: layer kinds rift-ada knows only
-    layer_kinds(draft.config)
-    check_observable(draft)
+    kinds = layer_kinds(target.config), layer_kinds(draft.config)  # both caches must roll back exactly
+    check_observable(draft, kinds[1])
+    return kinds
 
 
 def check_prompt(prompt_ids, max_new_tokens: int, models, device) -> torch.Tensor:
@@ -173,13 +174,15 @@ def chunked_forward(model, ids: torch.Tensor, pos: torch.Tensor, chunk: int, **k
     return out.logits
 
 
-def prefill(target, draft, ids: torch.Tensor, layout: CacheLayout, store_device=None, chunk: int = 0):
+def prefill(target, draft, ids: torch.Tensor, layout: CacheLayout, store_device=None, chunk: int = 0,
+            draft_kinds=None):
     """(target cache, draft cache, the target's logits at the prompt's last token): new caches holding the prompt
     ``ids``, the draft's compressed under ``layout``. ``draft=None``: self-speculation. ``chunk``: tokens per forward
-    (0: the whole prompt in one)."""
+    (0: the whole prompt in one). ``draft_kinds``: the drafting model's ``layer_kinds``, if computed already."""
     pos = torch.arange(ids.shape[1], device=ids.device)[None]
     tcache = DynamicCache(config=target.config)
-    dcache = RiftCache.for_config((target if draft is None else draft).config, layout, store_device)
+    dcache = RiftCache.for_config((target if draft is None else draft).config, layout, store_device,
+                                  kinds=draft_kinds)
     if draft is None:
         # One prefill serves both caches: same model, same tokens; the draft cache copies the keys, values and states.
         logits = chunked_forward(target, ids, pos, chunk, cache=tcache, rift_observer=dcache)
@@ -239,7 +242,7 @@ class SpeculativeDecoder:
         self.target = target
         self.draft = target if draft is None else draft
         self.self_speculative = draft is None or draft is target
-        check_models(self.target, self.draft)
+        self.kinds = check_models(self.target, self.draft)  # (target's, draft's) layer kinds, computed once
         self.layout = layout or CacheLayout("full")
         self.k, self.temperature, self.top_p, self.top_k = draft_length, temperature, top_p, top_k
         self.eos_token_id, self.seed, self.store_device = eos_token_id, seed, store_device
@@ -247,7 +250,7 @@ class SpeculativeDecoder:
         self.draft_step, self.verify_step = draft_step, verify_step
         self.prefill_chunk = prefill_chunk_for(prefill_chunk, self.device)
         self._static, self._static_verify = static_steps(self.draft, self.target, draft_step, verify_step, self.k + 1,
-                                                         self.sampling)
+                                                         self.sampling, kinds=self.kinds[::-1])
         # Both steps static: the round runs on the device and reads it once (``_on_device``).
         self.device_round = self._static is not None and self._static_verify is not None
         self.phase_sync = False  # device rounds: synchronise at each phase, to time them (costs a sync each)
@@ -311,7 +314,7 @@ class SpeculativeDecoder:
             return copy.deepcopy(kept[2])
         kept = self._prefilled = None  # another prompt's caches go before this prefill (at 16K, gigabytes)
         caches = prefill(self.target, None if self.self_speculative else self.draft, ids, self.layout,
-                         self.store_device, self.prefill_chunk)
+                         self.store_device, self.prefill_chunk, draft_kinds=self.kinds[1])
         self._prefilled = (ids.clone(), self.layout, copy.deepcopy(caches)) if self.reuse_prefill else None
         return caches
 

@@ -54,7 +54,7 @@ def decoder_stack(model):
     return base.model, base.lm_head
 
 
-def check_static(model, role: str = "draft") -> None:
+def check_static(model, role: str = "draft", kinds=None) -> None:
     """Refuse, in one line, a model (``role``: draft or target) the static step cannot run. Every layer full
     attention means every layer of the draft's cache is a RIFT layer (``RiftCache.for_config``)."""
     from .architectures import layer_kinds
@@ -64,7 +64,7 @@ def check_static(model, role: str = "draft") -> None:
     if cfg.model_type not in SUPPORTED:
         raise UnsupportedModelError(f"{what} runs {', '.join(SUPPORTED)} models; {cfg.model_type} runs its own "
                                     f"forward ({off})")
-    kinds = {k.kind for k in layer_kinds(cfg)}
+    kinds = {k.kind for k in (layer_kinds(cfg) if kinds is None else kinds)}
     if kinds != {"full"}:
         raise UnsupportedModelError(f"{what} needs every layer to be full attention (this {role} has sliding-window "
                                     f"or recurrent layers: {off})")
@@ -72,17 +72,18 @@ def check_static(model, role: str = "draft") -> None:
         raise UnsupportedModelError(f"{what} computes SDPA attention; the {role} runs {cfg._attn_implementation}")
 
 
-def static_steps(draft, target, draft_step: str, verify_step: str, block: int, sampling=(0.0, 0, 1.0)):
+def static_steps(draft, target, draft_step: str, verify_step: str, block: int, sampling=(0.0, 0, 1.0),
+                 kinds=(None, None)):
     """(the draft's :class:`StaticDraftStep`, the target's :class:`StaticVerify` over blocks of ``block`` tokens)
     as ``draft_step`` / ``verify_step`` ask ("static", "compiled"), each None for "model" (the model's own forward);
     ``sampling``: (temperature, top_k, top_p) the draft step draws with. A model a static step cannot run is refused
-    in one line."""
+    in one line. ``kinds``: the draft's and the target's ``layer_kinds`` when computed already."""
     step = verify = None
     if draft_step != "model":
-        check_static(draft)
+        check_static(draft, kinds=kinds[0])
         step = StaticDraftStep(draft, compile=draft_step == "compiled", sampling=sampling)
     if verify_step != "model":
-        check_static(target, role="target")
+        check_static(target, role="target", kinds=kinds[1])
         verify = StaticVerify(target, block, compile=verify_step == "compiled")
     return step, verify
 

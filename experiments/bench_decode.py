@@ -28,7 +28,7 @@ rift-dyn speculation, the draft's KV, the round's split, the round costs ``gpu_c
 
 ``--controller FILE`` (a joint controller: ``train_controller.py --joint``) runs only its rows instead, per length and
 task family: plain decoding, the best fixed (k, period), the context-length k table and the controller, decode only
-(``rift_ada.joint.bench``):
+(``rift_ada.studies.joint_bench``):
 
     python experiments/bench_decode.py --controller runs/joint/controller-joint-ppo.pt --source-dir pip \
         --lengths 1024 4096 7168 --prompts 2 --max-new-tokens 256
@@ -40,10 +40,10 @@ import argparse
 import json
 import sys
 
-from rift_ada.bench import (add_benchmark_options, compiled_graphs, compiled_greedy, draft_ms_per_step, generate_path,
+from rift_ada.studies.decode_bench import (add_benchmark_options, compiled_graphs, compiled_greedy, draft_ms_per_step, generate_path,
                             plain_decode, prepare_run, time_hf_assisted, timed, verify_ms_per_round, warm_up)
 from rift_ada.cli import ArgumentParser, add_model_options, add_runtime_options, fail, require_positive, write_output
-from rift_ada.joint.bench import add_controller_options, check_controller_args
+from rift_ada.studies.joint_bench import add_controller_options, check_controller_args
 from rift_ada.studies.batch_bench import add_batch_options, check_batch_options
 
 
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     report = {"budget": args.budget, "draft_length": args.draft_length, "device": args.device,
               "threads": args.threads, "lengths": []}
     if args.controller:
-        from rift_ada.joint.bench import bench_controller, controller_report
+        from rift_ada.studies.joint_bench import bench_controller, controller_report
 
         report = controller_report(args)
     if args.batch_sizes:

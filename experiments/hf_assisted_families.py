@@ -20,7 +20,7 @@ import sys
 import torch
 
 from rift_ada.architectures import FAMILIES, family
-from rift_ada.bench import generate_tokens, shared_prefix
+from rift_ada.studies.decode_bench import generate_tokens, shared_prefix
 from rift_ada.hf import rift_generate
 from rift_ada.models import assisted_reference, first_line, greedy_reference
 

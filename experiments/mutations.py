@@ -141,7 +141,7 @@ MUTATIONS = [
                "        per.append([max([periodic[n][i]")],
              ["tests/test_replay.py::test_oracle_ceiling_bounds_each_prompt_and_says_what_a_learner_needs"]),
     Mutation("bench-unpaired-repeats", "the bench's interval draws the base row's repeats apart from the joint row's",
-             [("rift_ada/joint/bench.py",
+             [("rift_ada/studies/joint_bench.py",
                "for f, (p, r) in picks.items()) for j in (0, 1)]\n",
                "for f, (p, r) in picks.items()) for j in (0, 1)]\n"
                "        picks = {f: (p, rng.integers(0, arr[f].shape[2], r.shape)) for f, (p, r) in picks.items()}\n"

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from rift_ada.bench import plain_decode
+from rift_ada.studies.decode_bench import plain_decode
 from rift_ada.cli import ArgumentParser, add_model_options, add_runtime_options, apply_runtime, fail, require_positive
 from rift_ada.data.sources import source_folder
 from rift_ada.data.tasks import build_tasks, encode

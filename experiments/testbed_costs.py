@@ -74,7 +74,7 @@ def main(argv=None) -> int:
 @torch.inference_mode()
 def prefill_then_steps(model, ids: list[int], steps: int) -> tuple[float, list[float]]:
     """(prefill seconds, each greedy step's seconds): the prompt through transformers' dynamic cache, then ``steps``
-    plain greedy steps on ``rift_ada.static``'s static cache (as ``rift_ada.bench.plain_decode``), one prefill for
+    plain greedy steps on ``rift_ada.static``'s static cache (as ``rift_ada.studies.decode_bench.plain_decode``), one prefill for
     both."""
     from transformers import DynamicCache
 
@@ -107,7 +107,7 @@ def pair_and_prompt(args) -> tuple:
 def measure(args) -> dict:
     from tqdm.auto import tqdm
 
-    from rift_ada.bench import draft_ms_per_step, verify_ms_per_round
+    from rift_ada.studies.decode_bench import draft_ms_per_step, verify_ms_per_round
     from rift_ada.evaluate import decode
     from rift_ada.layout import CacheLayout
     from rift_ada.metrics import acceptance_length

@@ -36,7 +36,7 @@ def test_bench_decode_compile_writes_every_row(tmp_path, monkeypatch):
 def test_plain_decode_from_a_kept_prefill_is_a_fresh_decode(testbed_target):
     """bench.plain_decode(prefilled=target_prefill(...)): the same tokens as prefilling afresh, greedy and sampled,
     and the kept prefill is copied, never decoded on (a second decode from it gives the same tokens again)."""
-    from rift_ada.bench import plain_decode, target_prefill
+    from rift_ada.studies.decode_bench import plain_decode, target_prefill
 
     ids = torch.randint(0, 1000, (300,), generator=torch.Generator().manual_seed(1)).tolist()
     kept = target_prefill(testbed_target, ids)

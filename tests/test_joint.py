@@ -395,7 +395,7 @@ def test_the_bench_can_price_the_controller_by_costs_it_measures_there_first(joi
 
 
 def test_the_bench_runs_a_length_table_only_where_it_differs_from_the_best_fixed_setting():
-    from rift_ada.joint.bench import same_decisions
+    from rift_ada.studies.joint_bench import same_decisions
     from rift_ada.joint.control import LengthTable
 
     assert same_decisions(LengthTable((0, 1000), (1, 1), 64), FixedJoint(1, 64))
@@ -409,7 +409,7 @@ def test_the_bench_ratio_interval_resamples_prompts_and_their_repeats():
     """Two prompts of one family, the joint row slow on the second: the point is tokens over seconds of both (0.8x),
     and the resampled interval runs from both picks of the second (0.5x) to both of the first (2x). One prompt whose
     second repeat ran slow is the same spread one level down: repeats are resampled too, paired with the base's."""
-    from rift_ada.joint.bench import ratio_interval
+    from rift_ada.studies.joint_bench import ratio_interval
 
     x = ratio_interval({"low": {"joint": [[(100, 1.0)], [(100, 4.0)]], "best_fixed": [[(100, 2.0)], [(100, 2.0)]]}},
                        "joint", "best_fixed")
@@ -429,7 +429,7 @@ def test_the_bench_models_each_run_from_its_own_prefill():
     prefill both caches read): the model of a row counts each run's catch-up from its own start."""
     from types import SimpleNamespace
 
-    from rift_ada.joint.bench import summarize
+    from rift_ada.studies.joint_bench import summarize
 
     costs = replace(COSTS, missed=(1, 8), catch_up_s=((0.001, 0.008), (0.002, 0.016)))
 

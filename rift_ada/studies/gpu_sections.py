@@ -340,7 +340,7 @@ def round_costs(report: dict, args) -> dict:
 def testbed_section(args, guard: GraphGuard) -> dict:
     """The shipped pair in float32 on one ``low`` prompt: rift-dyn compiled against compiled greedy, decode only,
     each warmed up on the same prompt first."""
-    from rift_ada.bench import compiled_greedy, plain_decode, timed
+    from rift_ada.studies.decode_bench import compiled_greedy, plain_decode, timed
     from rift_ada.data import build_tasks, encode
     from rift_ada.evaluate import decode
     from rift_ada.models import greedy_reference, load_pair
@@ -389,7 +389,7 @@ def testbed_section(args, guard: GraphGuard) -> dict:
 def ties_section(args) -> dict:
     """Where bf16 greedy outputs part from HF's at ``--tie-length``: the float32 target's logits at that position,
     the margin between the two tokens chosen (a near-tie when it is within bf16's rounding of logits that size)."""
-    from rift_ada.bench import plain_decode, shared_prefix
+    from rift_ada.studies.decode_bench import plain_decode, shared_prefix
     from rift_ada.data import build_tasks, encode
     from rift_ada.evaluate import decode
     from rift_ada.models import greedy_reference, load_model, load_pair

@@ -16,8 +16,8 @@ from collections import Counter
 import torch
 from tqdm.auto import tqdm
 
-from ..bench import plain_decode, target_prefill
-from .control import FixedJoint, JointController, baseline, is_joint
+from .decode_bench import plain_decode, target_prefill
+from ..joint.control import FixedJoint, JointController, baseline, is_joint
 
 ROWS = ("greedy", "best_fixed", "length_table", "joint")
 
@@ -177,7 +177,7 @@ def ratios(per_repeat: dict, names, seed: int, families=None) -> dict:
 def measure_here(dec, prompts_by_family: dict, draft_lengths):
     """The round costs of this machine at this length, measured with the bench's own decoder on its first prompt that
     runs long enough without an end-of-text token (rift_ada.joint.costs.measure_round_costs)."""
-    from .costs import measure_round_costs
+    from ..joint.costs import measure_round_costs
 
     for ids in (ids for prompts in prompts_by_family.values() for ids in prompts):
         try:

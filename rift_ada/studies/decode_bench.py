@@ -30,8 +30,8 @@ def prepare_run(args) -> dict:
     """Before any model loads: check the runtime options and ``--output``'s folder (``rift_ada.cli``), and return the
     draft caches the benchmarks compare, full, rift-stat and rift-dyn at ``--budget`` (``rift_ada.policies``).
     Raises ValueError with a one-line message."""
-    from .cli import apply_runtime, check_output
-    from .policies import make_policy
+    from ..cli import apply_runtime, check_output
+    from ..policies import make_policy
 
     apply_runtime(args)
     check_output(args.output)
@@ -92,7 +92,7 @@ def time_hf_assisted(target, draft, prompts: list, max_new_tokens: int, k: int, 
     """HF assisted generation with rift-ada's setting (``k`` draft tokens a round, no confidence stop) and with its
     defaults (20 draft tokens, drafting stops when the draft's top probability < 0.4), each over every prompt:
     ``{"hf_assisted": (tokens per prompt, seconds), "hf_assisted_default": ...}``."""
-    from .models import assisted_reference
+    from ..models import assisted_reference
 
     return {name: timed(lambda k=k: [assisted_reference(target, draft, ids, max_new_tokens, k, eos) for ids in prompts],
                         device)
@@ -119,8 +119,8 @@ def plain_decode(target, ids: list[int], new_tokens: int, eos: int | None, tempe
     calls (default: a new eager one); compiled and greedy, the tokens stay on the device and are read once at the end
     (``StaticVerify.greedy``). ``prefilled``: ``target_prefill(target, ids)``, copied (default: prefilled here).
     (tokens, decode seconds after the first token)."""
-    from .rounds import cut_at_eos, sample, sampling_probs
-    from .static import StaticVerify
+    from ..rounds import cut_at_eos, sample, sampling_probs
+    from ..static import StaticVerify
 
     g = torch.Generator(device=target.device).manual_seed(seed)
     cache, logits = copy.deepcopy(prefilled) if prefilled is not None else target_prefill(target, ids)
@@ -184,8 +184,8 @@ def generate_path(pair, prompts: list, args, dyn_decoder) -> dict:
     """rift-dyn through ``target.generate(custom_generate=rift_generate)`` and through our loop (``dyn_decoder`` in
     ``decode``, no profiling hooks), alternating per prompt so both see the same machine, each prompt's time the
     fastest of ``--repeats`` runs (another job's bursts only ever slow a run down): {label: (tokens, seconds)}."""
-    from .evaluate import decode
-    from .hf import rift_generate
+    from ..evaluate import decode
+    from ..hf import rift_generate
 
     eos, dyn = pair.tokenizer.eos_token_id, args.policies["rift-dyn"]
 

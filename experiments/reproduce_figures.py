@@ -7,7 +7,7 @@
                                                                # train_compressibility.py and train_controller.py
     torchrun --nproc-per-node 2 experiments/reproduce_figures.py --quick      # prompts sharded across 2 processes
 
-Figures (rift_ada/figures/, one module each, evaluated with ``rift_ada.evaluate.evaluate`` on the same held-out
+Figures (rift_ada/studies/figures/, one module each, evaluated with ``rift_ada.evaluate.evaluate`` on the same held-out
 prompts, as policy_table.py does):
 
 1. AL by generation quarter for full, window, snapkv, rift-stat, rift-dyn and rift-ada (the rift layout with a
@@ -51,10 +51,10 @@ import sys
 import time
 from pathlib import Path
 
-from rift_ada.figures import FIGURES
-from rift_ada.figures.adapter import train_adapter
-from rift_ada.figures.evaluations import EvaluationCache, check_positions, default_budget, prompt_sets
-from rift_ada.figures.figure import publish, write_summary
+from rift_ada.studies.figures import FIGURES
+from rift_ada.studies.figures.adapter import train_adapter
+from rift_ada.studies.figures.evaluations import EvaluationCache, check_positions, default_budget, prompt_sets
+from rift_ada.studies.figures.figure import publish, write_summary
 from rift_ada import distributed
 from rift_ada.cli import (ArgumentParser, add_cache_options, add_decoding_options, add_knob_options,
                           add_model_options, add_runtime_options, add_task_options, apply_runtime, fail_in_group,

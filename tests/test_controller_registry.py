@@ -52,8 +52,8 @@ def toy():
 def test_a_registered_controller_is_parsed_loaded_and_swept_by_both_jobs(toy, tmp_path):
     from rift_ada import sweep
     from rift_ada.cli import knob_values
-    from rift_ada.figures import refresh_tradeoff
-    from rift_ada.figures.evaluations import EvaluationCache
+    from rift_ada.studies.figures import refresh_tradeoff
+    from rift_ada.studies.figures.evaluations import EvaluationCache
     from rift_ada.trainers.controller_job import stages
     from tests.conftest import script_module
 

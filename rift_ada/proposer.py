@@ -54,7 +54,7 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 @dataclass
 class PoolStats:
-    """What the pool did since it was made (or since ``reset_stats``): the engine's rounds as the drafts saw them."""
+    """What the pool did since it was made: the engine's rounds as the drafts saw them."""
 
     rounds: int = 0  # rounds whose verdict came back (a row's next context after it drafted)
     drafted: int = 0
@@ -180,9 +180,6 @@ class DraftPool:
         self.sequences: list[DraftSequence] = []
         self.stats = PoolStats()
 
-    def reset_stats(self) -> None:
-        self.stats = PoolStats()
-
     # --- a step ------------------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def propose(self, contexts: Sequence[np.ndarray | Sequence[int] | None]) -> list[list[int]]:
@@ -257,17 +254,15 @@ class DraftPool:
     def _draft(self, rows: list[int], seqs, ks: dict[int, int]) -> dict[int, list[int]]:
         """Greedy drafts for ``rows``: their pending tokens but the last fed first (one forward per distinct count),
         then one batched forward per draft step over the rows still drafting."""
-        out: dict[int, list[int]] = {i: [] for i in rows}
+        # A row whose last drafts the engine has not verified yet (its context unchanged) proposes them again.
+        todo = [i for i in rows if not seqs[i].drafts]
         early: dict[int, list[int]] = {}
-        for i in rows:
-            if seqs[i].drafts:  # drafted already this step with this context (a row listed twice): reuse
-                continue
+        for i in todo:
             if len(seqs[i].pending) > 1:
                 early.setdefault(len(seqs[i].pending) - 1, []).append(i)
         for idx in early.values():
             batched_forward(self.model, [seqs[i].cache for i in idx],
                             [seqs[i].pending[:-1].tolist() for i in idx], self.device, observe=True)
-        todo = [i for i in rows if not seqs[i].drafts]
         feed = {i: [int(seqs[i].context[-1])] for i in todo}
         for step in range(max((ks[i] for i in todo), default=0)):
             idx = [i for i in todo if ks[i] > step]
@@ -282,6 +277,4 @@ class DraftPool:
                 s.drafts.append(tokens[j])
                 s.entropies.append(ent[j])
                 feed[i] = [tokens[j]]
-        for i in rows:
-            out[i] = list(seqs[i].drafts)
-        return out
+        return {i: list(seqs[i].drafts) for i in rows}

@@ -43,10 +43,6 @@ class Served:
     tokens: list[int]
     rounds: int = 0  # steps after the first token that gave it tokens (verify rounds)
 
-    @property
-    def acceptance_length(self) -> float:
-        return (len(self.tokens) - 1) / self.rounds if self.rounds else 0.0
-
 
 @dataclass
 class Run:
@@ -54,10 +50,6 @@ class Run:
     seconds: float  # from the first request's arrival to the last one's end (start-up excluded)
     steps: int
     stats: dict = field(default_factory=dict)  # the RIFT proposer's counters (rift_ada.proposer.PoolStats)
-
-    @property
-    def tokens(self) -> int:
-        return sum(len(s.tokens) for s in self.served)
 
     @property
     def acceptance_length(self) -> float:

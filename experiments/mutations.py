@@ -168,4 +168,8 @@ MUTATIONS = [
              [("rift_ada/proposer.py", "kept = min(fed, before + min(n, max(k - 1, 0)))",
                "kept = min(fed, before + min(n + 1, max(k - 1, 0)))")],
              ["tests/test_proposer.py::test_pool_drafts_what_the_decoder_drafts"]),
+    Mutation("self-adapter-verifies", "a self-drafter's LoRA adapter stays on in the target's verify",
+             [("rift_ada/speculative.py", "            switch.set(False)  # whatever state it came in: off at rest\n"
+               "            self.drafting = switch.on\n", "            switch.set(True)\n")],
+             ["tests/test_self_adapter.py::test_greedy_equals_the_target_with_the_adapter_drafting"]),
 ]

@@ -99,8 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "tables cost about a decode each per prompt)")
     t = p.add_argument_group("compressibility-trained draft (figures 2 and 5)")
     t.add_argument("--adapter", default=None,
-                   help="a LoRA adapter folder from train_compressibility.py (as rift_ada.evaluate --lora); without "
-                        "it one is trained in <output-dir>/compressibility with the settings below")
+                   help="a LoRA adapter folder from train_compressibility.py (as evaluate's --draft-adapter); "
+                        "without it one is trained in <output-dir>/compressibility with the settings below")
     t.add_argument("--train-prompts", type=int, default=12, help="training prompts (default: %(default)s)")
     t.add_argument("--train-steps", type=int, default=40, help="LoRA steps of 2 samples (default: %(default)s)")
     t.add_argument("--continuation-tokens", type=int, default=128,

@@ -1,7 +1,7 @@
 """Train a draft to tolerate RIFT compression: LoRA distillation under the sparse attention it meets at inference.
 
     python experiments/train_compressibility.py --source-dir DIR     # testbed draft; DIR: code the models never saw
-    python experiments/train_compressibility.py --drafter self       # LoRA on the target as its own drafter
+    python experiments/train_compressibility.py --self --target testbed-lm   # the target as its own drafter
 
 1. Target outputs (continuations + top-k log-probabilities) for training prompts of every task format (low, sort,
    mixed, high, or --train-tasks; the standard library's training split), stored in <output-dir>/targets (reused
@@ -13,7 +13,8 @@
    adapts the last layer's values, output and MLP (--lora-layers, --lora-modules): the draft's queries and keys stay
    as they were, so it selects at inference what training masked with. Checkpoints every --checkpoint-every steps.
    Every --eval-every steps, held-out acceptance lengths (full cache, rift-stat at --eval-budgets) go to W&B.
-3. The adapter goes to <output-dir>/adapter (``python -m rift_ada.evaluate ... --lora <output-dir>/adapter``).
+   --self: the target drafts for itself, its adapter in its own weights, on in the drafting passes only.
+3. The adapter goes to <output-dir>/adapter (``python -m rift_ada.evaluate ... --draft-adapter <output-dir>/adapter``).
 4. The table: AL of the untrained and the trained drafter, full cache, rift-stat and rift-dyn at --eval-budgets, at
    --temperatures, on the standard library's eval split and on --source-dir; results.json holds it with the
    training history and the in-run curve.
@@ -23,11 +24,7 @@ the last finished prompt, training from the latest checkpoint (bit-identical to 
 from its last finished row (rows in <output-dir>/state). The W&B run resumes under the same id. A rerun with other
 training settings is refused (exit 2); --no-resume starts over (the target outputs are kept when they match).
 
-Data parallel: ``torchrun --nproc-per-node N experiments/train_compressibility.py --grad-accum G ...`` (G a multiple
-of N; gloo on CPU, nccl with --device cuda, process r on cuda:LOCAL_RANK) shares the target outputs' prompts, each
-optimizer step's G samples (the same global batch as one process: G / N per process, LoRA gradients summed) and the
-evaluation prompts across the processes. Rank 0 alone writes files, logs to W&B and prints; a run resumes under
-torchrun (with any N dividing G) or alone.
+Data parallel: ``torchrun --nproc-per-node N ... --grad-accum G`` (G a multiple of N): docs/compressibility.md.
 """
 
 from __future__ import annotations
@@ -50,6 +47,9 @@ from rift_ada.cli import (ArgumentParser, add_model_options, add_runtime_options
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_options(p, drafter="testbed", device_map=True)
+    p.add_argument("--self", action="store_true",
+                   help="self-speculation: the target drafts for itself (as --drafter self), with the adapter on in "
+                        "its drafting passes only")
     add_runtime_options(p)
     m = p.add_argument_group("data")
     m.add_argument("--train-prompts", type=int, default=32)
@@ -75,6 +75,7 @@ def parse_args(argv=None):
     t.add_argument("--window-fraction", type=float, default=0.5)
     t.add_argument("--period", type=int, default=32, help="RIFT-dyn re-selection period (training and eval)")
     t.add_argument("--dyn-share", type=float, default=0.25, help="share of compressed samples with RIFT-dyn masks")
+    t.add_argument("--hindsight-share", type=float, default=0.0, help="share of compressed samples in hindsight masks")
     t.add_argument("--lora-rank", type=int, default=8)
     t.add_argument("--lora-modules", nargs="+", default=list(SELECTION_PRESERVING),
                    help="module names to adapt (default: %(default)s, not q_proj / k_proj: see --lora-layers); 'all': "
@@ -117,14 +118,12 @@ def parse_args(argv=None):
 
 def _checked(p, argv):
     args = p.parse_args(argv)
-    for name in ("budgets", "eval_budgets"):
-        if any(not 0 < b <= 1 for b in getattr(args, name)):
-            p.error(f"--{name.replace('_', '-')} are fractions of the input in (0, 1]")
-    for name in ("dense_share", "dyn_share"):
-        if not 0 <= getattr(args, name) <= 1:
-            p.error(f"--{name.replace('_', '-')} is a share in [0, 1]")
-    if args.accept_weight < 0 or args.tv_weight < 0:
-        p.error("--accept-weight and --tv-weight must be >= 0")
+    from rift_ada.trainers.compressibility import option_problem
+
+    if problem := option_problem(args, p.get_default("drafter")):
+        p.error(problem)
+    if args.self:
+        args.drafter = "self"
     if args.lora_layers == ["all"]:
         args.lora_layers = None
     else:
@@ -217,12 +216,13 @@ def _main(args, device: str) -> int:
     cfg = C.TrainConfig(steps=args.steps, lr=args.lr, grad_accum=args.grad_accum, budgets=tuple(args.budgets),
                         dense_share=args.dense_share, accept_weight=args.accept_weight, tv_weight=args.tv_weight,
                         window_fraction=args.window_fraction, period=args.period, dyn_share=args.dyn_share,
-                        checkpoint_every=args.checkpoint_every, seed=args.seed)
+                        hindsight_share=args.hindsight_share, checkpoint_every=args.checkpoint_every, seed=args.seed)
     t0 = time.time()
-    # The drafter (the target itself for --drafter self) stays unadapted: the untrained row, and the verifier.
+    # An external drafter's adapter trains on a copy; a self-drafter's goes into the target, off wherever it verifies.
     student, trained = C.train_adapter(pair.draft, samples, cfg, out, args.lora_rank, args.lora_modules,
-                                       args.lora_layers, resume=not args.no_resume, log=run.log if run else None,
-                                       stop_after=args.stop_after, eval_fn=curve, eval_every=args.eval_every)
+                                       args.lora_layers, in_place=pair.self_speculative, resume=not args.no_resume,
+                                       log=run.log if run else None, stop_after=args.stop_after, eval_fn=curve,
+                                       eval_every=args.eval_every)
     train_s = time.time() - t0
     if args.stop_after is not None and trained["steps_done"] < args.steps:
         if main:
@@ -232,7 +232,7 @@ def _main(args, device: str) -> int:
 
     # The table: untrained vs trained drafter on held-out prompts, same prompts and seeds; one state unit per row.
     # Under torchrun every process evaluates its share of the prompts of every row (evaluate() gathers).
-    drafters = {"untrained": E.eval_drafter(pair.draft), "trained": E.eval_drafter(student)}
+    drafters = {"untrained": E.eval_drafter(pair.draft), "trained": E.eval_drafter(student, pair.target)}
     rows = [r for name, ids in eval_sets.items() for r in E.evaluate_table(pair, drafters, ids, held, state, name)]
     if not main:
         return 0

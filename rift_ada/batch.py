@@ -477,7 +477,8 @@ class BatchDecoder:
         clock.lap("refresh")
         ks = [draft_count(k, gen, r.max_new_tokens) for r, (gen, _) in zip(rows, before)]
         signals = [r.resolve_signals() for r in rows]
-        drafts, q_probs, entropies, forwards = self._draft(rows, ks)
+        with self.template.drafting():  # a self-drafter's adapter on (rift_ada.lora.load_self_drafter)
+            drafts, q_probs, entropies, forwards = self._draft(rows, ks)
         active = [r.dcache.active_bytes_by_kind() for r in rows]
         clock.lap("draft")
         t_logits, groups = self._verify(rows, ks, drafts)
@@ -506,13 +507,14 @@ class BatchDecoder:
         clock.lap("refresh")
         ks = [draft_count(k, before[i][0], r.max_new_tokens) if i in before else 0 for i, r in enumerate(rows)]
         pendings = []
-        for i, r in enumerate(rows):
-            pending = r.draft_pending if i in before and ks[i] else [0]  # a row not drafting feeds nothing
-            if len(pending) > 2:  # after plain steps: all but the last fed by the model in chunks
-                pending = r.catch_up(pending)
-            pendings.append(pending)
-        drafts, q_probs, entropies = self.static_draft.round([r.dcache for r in rows], pendings, ks,
-                                                             [r.generator for r in rows])
+        with self.template.drafting():  # a self-drafter's adapter on (rift_ada.lora.load_self_drafter)
+            for i, r in enumerate(rows):
+                pending = r.draft_pending if i in before and ks[i] else [0]  # a row not drafting feeds nothing
+                if len(pending) > 2:  # after plain steps: all but the last fed by the model in chunks
+                    pending = r.catch_up(pending)
+                pendings.append(pending)
+            drafts, q_probs, entropies = self.static_draft.round([r.dcache for r in rows], pendings, ks,
+                                                                 [r.generator for r in rows])
         active = {i: rows[i].dcache.active_bytes_by_kind() for i in live}
         clock.lap("draft")
         firsts = [r.target_pending[0] if i in before else 0 for i, r in enumerate(rows)]

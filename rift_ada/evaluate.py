@@ -156,10 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m rift_ada.evaluate", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_options(p, device_map=True)
-    p.add_argument("--lora", default=None,
+    p.add_argument("--draft-adapter", "--lora", dest="lora", default=None, metavar="DIR",
                    help="a LoRA adapter folder (experiments/train_compressibility.py) applied to the drafter; with "
-                        "--drafter self the adapted copy drafts and the unadapted target verifies")
-    p.add_argument("--lora-merge", action="store_true", help="merge the adapter into the drafter's weights")
+                        "--drafter self the adapter lives in the target's own weights, on in the draft passes and off "
+                        "in the verify (no second copy of the model)")
+    p.add_argument("--lora-merge", action="store_true",
+                   help="merge the adapter into a copy of an external drafter's weights")
     add_cache_options(p)
     p.add_argument("--store-device", default=None, help="device of the backing store (default: the model's)")
     add_decoding_options(p)
@@ -184,7 +186,10 @@ def run(args) -> dict:
 
         check_adapter(args.lora)  # a broken adapter folder fails before the models load
     elif args.lora_merge:
-        raise ValueError("--lora-merge needs --lora DIR")
+        raise ValueError("--lora-merge needs --draft-adapter DIR")
+    if args.lora_merge and args.drafter == "self":
+        raise ValueError("--lora-merge would fold the adapter into the target itself: a self-drafter keeps it "
+                         "switchable (on while drafting, off in the verify); drop --lora-merge")
     from .data import encode
     from .models import load_pair
     from .speculative import SpeculativeDecoder
@@ -193,9 +198,10 @@ def run(args) -> dict:
     tasks = tasks_from_args(args, pair.tokenizer)
     draft = None
     if args.lora:
-        from .lora import load_drafter
+        from .lora import load_drafter, load_self_drafter
 
-        draft = load_drafter(pair.draft, args.lora, merge=args.lora_merge)
+        draft = load_self_drafter(pair.target, args.lora) if pair.self_speculative else \
+            load_drafter(pair.draft, args.lora, merge=args.lora_merge)
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.batch_size > 1:

@@ -31,6 +31,9 @@ The ``rift_*`` arguments (a policy as in ``rift_ada.policies``):
 | ``rift_rounds``       | False        | with ``return_dict_in_generate=True``: the per-round records as ``.rounds`` |
 | ``rift_draft``        | -            | the draft, for targets whose ``generate`` refuses ``assistant_model``       |
 |                       |              | (stateful hybrids: Qwen3.5, Nemotron-H); the same as ``assistant_model``   |
+| ``rift_draft_adapter``| -            | self-speculation with a LoRA adapter folder: on in the draft passes, off in |
+|                       |              | the verify, on the target's own weights (``rift_ada.lora.load_self_drafter``; |
+|                       |              | loaded once per model and folder)                                          |
 
 Honoured from ``generate``: ``max_new_tokens`` / ``max_length``, ``do_sample``, ``temperature``, ``top_k``, ``top_p``,
 ``eos_token_id`` and every stopping criterion (checked after each token, so a run stops at the token where plain
@@ -49,7 +52,9 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import weakref
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers.generation import GenerationMixin
@@ -64,6 +69,28 @@ from .speculative import SpeculativeDecoder
 DEFAULTS = dict(policy="rift-dyn", budget=512, period=64, draft_length=11)
 WARPERS = {TemperatureLogitsWarper: "temperature", TopKLogitsWarper: "top_k", TopPLogitsWarper: "top_p"}
 UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
+
+
+# model -> (adapter folder, its self-drafter): generate is called again and again, and the adapter's layers live in
+# the model itself, so each model loads one adapter once (weak keys: a model deleted takes its entry with it).
+_SELF_DRAFTERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _self_drafter(model, draft, folder):
+    """The self-drafter ``rift_draft_adapter`` names: loaded into ``model`` on first use, the same object after."""
+    from .lora import load_self_drafter
+
+    if draft is not None:
+        raise ValueError("rift_draft_adapter is for the target drafting for itself; an external draft comes with its "
+                         "adapter applied (rift_ada.lora.load_drafter) as assistant_model or rift_draft")
+    folder = str(Path(folder).resolve())
+    held = _SELF_DRAFTERS.get(model)
+    if held is None:
+        held = _SELF_DRAFTERS[model] = (folder, load_self_drafter(model, folder))
+    elif held[0] != folder:
+        raise ValueError(f"this model already holds the adapter of {held[0]}: one self-drafter adapter per model "
+                         "(load the model again for another)")
+    return held[1]
 
 
 @dataclass
@@ -81,7 +108,8 @@ def rift_generate(model, input_ids: torch.LongTensor, logits_processor=None, sto
                   rift_period: int | None = None, rift_controller=None,
                   rift_draft_length: int = DEFAULTS["draft_length"], rift_seed: int | None = None,
                   rift_layout: dict | None = None, rift_rounds: bool = False, rift_draft=None,
-                  rift_draft_step: str = "model", rift_verify_step: str = "model", **model_kwargs):
+                  rift_draft_step: str = "model", rift_verify_step: str = "model", rift_draft_adapter=None,
+                  **model_kwargs):
     """The decoding loop ``generate(custom_generate=rift_generate)`` calls after its input preparation (see the
     module's docstring for the ``rift_*`` arguments)."""
     dropped = _arguments_generate_kept_back()
@@ -90,6 +118,8 @@ def rift_generate(model, input_ids: torch.LongTensor, logits_processor=None, sto
     if rift_draft is not None and assistant_model is not None and rift_draft is not assistant_model:
         raise ValueError("assistant_model and rift_draft name two drafts: give one")
     draft = rift_draft if rift_draft is not None else assistant_model
+    if rift_draft_adapter is not None:
+        draft = _self_drafter(model, draft, rift_draft_adapter)
     cfg = generation_config if generation_config is not None else model.generation_config
     _refuse_what_a_round_cannot_honour(input_ids, cfg, model_kwargs, rift_rounds)
     sampling = _sampling(cfg, logits_processor or [])

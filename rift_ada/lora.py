@@ -9,6 +9,7 @@ load from ``adapter_model.safetensors`` only: a pickled ``adapter_model.bin`` is
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -164,6 +165,50 @@ def load_drafter(base, folder: str | Path, merge: bool = False, copy_base: bool 
     for p in drafter.parameters():
         p.requires_grad_(False)
     return drafter
+
+
+def load_self_drafter(target, folder: str | Path):
+    """The target drafting for itself with the adapter in ``folder``, on one set of weights: the LoRA layers go into
+    the target's own modules (no second copy of the model: the adapter is kilobytes beside it) and are switched *off*
+    at rest, so every forward of ``target`` (a verify, ``generate``, a greedy reference) runs the base weights. The
+    decoder switches them on for its draft passes only (:class:`AdapterSwitch`). Refused in one line like
+    :func:`load_drafter`: an adapter of another base, broken files."""
+    if AdapterSwitch(target).layers:
+        raise ValueError("this model already holds LoRA layers (a self-drafter loaded into it before): use that "
+                         "drafter, or load the model again for another adapter")
+    drafter = load_drafter(target, folder, copy_base=False)
+    AdapterSwitch(drafter).set(False)
+    return drafter
+
+
+def shares_weights(draft, target) -> bool:
+    """Whether ``draft`` is a peft model built on ``target`` itself (a self-drafter with an adapter)."""
+    base = getattr(draft, "get_base_model", None)
+    return draft is not target and base is not None and base() is target
+
+
+class AdapterSwitch:
+    """The adapter layers of a peft model, switched on and off in place. peft's ``disable_adapter()`` context does
+    the same but scans the whole model for its status on every entry; a decoder switches twice a round, so the
+    layers are collected once here. Off, a layer computes its base layer alone (the target's exact weights)."""
+
+    def __init__(self, peft_model):
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        self.layers = [m for m in peft_model.modules() if isinstance(m, BaseTunerLayer)]
+
+    def set(self, on: bool) -> None:
+        for layer in self.layers:
+            layer.enable_adapters(on)
+
+    @contextlib.contextmanager
+    def on(self):
+        """The adapter on for the body (the draft passes), off after it, whatever happens inside."""
+        self.set(True)
+        try:
+            yield
+        finally:
+            self.set(False)
 
 
 @torch.no_grad()

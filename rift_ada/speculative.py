@@ -22,6 +22,7 @@ before the verify forward, and a round that rejects a draft puts them back and f
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from .architectures import layer_kinds
 from .attention import check_observable
 from .cache import RiftCache
 from .layout import CacheLayout
+from .lora import AdapterSwitch, shares_weights
 from .models import check_vocab
 from .recurrent import TargetStates
 from .rift_layer import ROUND_SLACK
@@ -175,10 +177,11 @@ def chunked_forward(model, ids: torch.Tensor, pos: torch.Tensor, chunk: int, **k
 
 
 def prefill(target, draft, ids: torch.Tensor, layout: CacheLayout, store_device=None, chunk: int = 0,
-            draft_kinds=None):
+            draft_kinds=None, drafting=contextlib.nullcontext):
     """(target cache, draft cache, the target's logits at the prompt's last token): new caches holding the prompt
     ``ids``, the draft's compressed under ``layout``. ``draft=None``: self-speculation. ``chunk``: tokens per forward
-    (0: the whole prompt in one). ``draft_kinds``: the drafting model's ``layer_kinds``, if computed already."""
+    (0: the whole prompt in one). ``draft_kinds``: the drafting model's ``layer_kinds``, if computed already.
+    ``drafting``: a context the draft's forward runs in (a self-drafter's adapter switched on)."""
     pos = torch.arange(ids.shape[1], device=ids.device)[None]
     tcache = DynamicCache(config=target.config)
     dcache = RiftCache.for_config((target if draft is None else draft).config, layout, store_device,
@@ -189,7 +192,8 @@ def prefill(target, draft, ids: torch.Tensor, layout: CacheLayout, store_device=
         dcache.load_from(tcache)
     else:
         logits = chunked_forward(target, ids, pos, chunk, cache=tcache)
-        chunked_forward(draft, ids, pos, chunk, cache=dcache, rift_observer=dcache)
+        with drafting():
+            chunked_forward(draft, ids, pos, chunk, cache=dcache, rift_observer=dcache)
     # From now on sliding layers of the target keep every token fed since the last crop, so a rejection can be
     # rolled back once their window is full (each round's crop trims them back to the window); so do the conv
     # states of linear-attention layers. Activated after the prefill, which would otherwise record the whole
@@ -242,6 +246,15 @@ class SpeculativeDecoder:
         self.target = target
         self.draft = target if draft is None else draft
         self.self_speculative = draft is None or draft is target
+        # A self-drafter with a LoRA adapter (``rift_ada.lora.load_self_drafter``): one set of weights, the adapter
+        # on in the draft passes alone, so every target forward (prefill, verify, replay) runs the base weights. It
+        # prefills its own cache (the adapter changes the draft's keys and values), like an external draft.
+        self.shared_weights = shares_weights(self.draft, target)
+        self.drafting = contextlib.nullcontext
+        if self.shared_weights:
+            switch = AdapterSwitch(self.draft)
+            switch.set(False)  # whatever state it came in: off at rest
+            self.drafting = switch.on
         self.kinds = check_models(self.target, self.draft)  # (target's, draft's) layer kinds, computed once
         self.layout = layout or CacheLayout("full")
         self.k, self.temperature, self.top_p, self.top_k = draft_length, temperature, top_p, top_k
@@ -314,7 +327,7 @@ class SpeculativeDecoder:
             return copy.deepcopy(kept[2])
         kept = self._prefilled = None  # another prompt's caches go before this prefill (at 16K, gigabytes)
         caches = prefill(self.target, None if self.self_speculative else self.draft, ids, self.layout,
-                         self.store_device, self.prefill_chunk, draft_kinds=self.kinds[1])
+                         self.store_device, self.prefill_chunk, draft_kinds=self.kinds[1], drafting=self.drafting)
         self._prefilled = (ids.clone(), self.layout, copy.deepcopy(caches)) if self.reuse_prefill else None
         return caches
 
@@ -383,7 +396,8 @@ class SpeculativeDecoder:
     def _on_host(self, k: int, clock: Clock) -> tuple[RoundOutcome, dict]:
         """A round's draft, verify and acceptance with the host deciding each token: its outcome and the draft's
         active bytes."""
-        drafts, q_probs, entropies = self._draft(k)
+        with self.drafting():
+            drafts, q_probs, entropies = self._draft(k)
         active = self.dcache.active_bytes_by_kind()
         clock.lap("draft")
         self.target_states.take()  # a hybrid target's states before the verify forward (none to copy otherwise)
@@ -407,10 +421,11 @@ class SpeculativeDecoder:
         accept_on_device``), and the round's outcome comes back in one read (``host_reads``; ``rounds.pack_outcome``
         and ``unpack_outcomes``), with the previous state's cache signals when none was read yet."""
         feed = self.draft_pending
-        if k and len(feed) > 2:
-            feed = self.catch_up(feed)
         if k:
-            drafts, q_probs, entropies = self._static.round(self.dcache, feed, k, self.generator)
+            with self.drafting():
+                if len(feed) > 2:
+                    feed = self.catch_up(feed)
+                drafts, q_probs, entropies = self._static.round(self.dcache, feed, k, self.generator)
         else:
             drafts = torch.zeros(0, dtype=torch.long, device=self.device)
             q_probs, entropies = None, torch.zeros(0, device=self.device)

@@ -216,3 +216,31 @@ def test_heldout_acceptance_is_the_evaluation_summary():
     dec = SpeculativeDecoder.for_pair(pair, policy.layout, Decoding(4, 1.0, seed=0, draft_step=step), model)
     with torch.inference_mode():
         assert al == evaluate(dec, prompts, policy.controller, 24).summary["acceptance_length"] > 1
+
+
+def test_hindsight_samples_train_and_leave_other_runs_as_they_were(tmp_path):
+    """--hindsight-share: a compressed sample may train under the hindsight selection (the full-cache model's top keys
+    at each row, trainers.compression_gap); runs without it draw exactly the samples and masks they drew before."""
+    import dataclasses
+
+    target = random_model("llama", seed=0)
+    _, samples = synthetic_store(tmp_path, target, n=2)
+    cfg = C.TrainConfig(budgets=(0.2, 0.5), obs_window=8, period=8)
+    both = dataclasses.replace(cfg, hindsight_share=1.0)
+    draws = [(C.draw_sample(cfg, samples, i), C.draw_sample(both, samples, i)) for i in range(24)]
+    for (s, layout, period), (s2, layout2, period2) in draws:
+        assert s is s2 and layout == layout2
+        assert period2 == (None if layout is None else C.HINDSIGHT)
+    assert {p for (_, _, p), _ in draws} == {None, 8}  # the old draws: stat and dyn samples, no hindsight
+    torch.manual_seed(0)
+    student = lora.attach(random_model("llama", seed=1), rank=4)
+    sample, layout = samples[0], next(d[0][1] for d in draws if d[0][1] is not None)
+    loss, _ = C.sample_loss(student, sample, layout, C.HINDSIGHT)
+    loss.backward()
+    assert torch.isfinite(loss) and any(p.grad is not None and p.grad.abs().sum() > 0
+                                        for n, p in student.named_parameters() if "lora_B" in n)
+    # A hindsight budget that holds every key is the full cache: the same loss as a dense sample.
+    whole = dataclasses.replace(layout, budget=len(sample["prompt_ids"]) + len(sample["continuation_ids"]))
+    with torch.no_grad():
+        torch.testing.assert_close(C.sample_loss(student, sample, whole, C.HINDSIGHT)[0],
+                                   C.sample_loss(student, sample, None)[0], rtol=1e-5, atol=1e-6)

@@ -553,3 +553,123 @@ def test_oracle_ceiling_bounds_each_prompt_and_says_what_a_learner_needs(tmp_pat
     res = subprocess.run([sys.executable, "experiments/oracle_ceiling.py", "--tables-dir", str(tmp_path / "none")],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "no such folder" in res.stderr
+
+
+# --- a self-drafter with a LoRA adapter (rift_ada.lora.load_self_drafter) ---------------------------------------------
+ADAPTED_LAYOUT = CacheLayout("rift", budget=160, refresh_grid=4)
+
+
+def one_layer_target(seed: int = 0):
+    """A one-layer random target: every key, value and query its draft cache holds depends on its token and position
+    alone (not on what the cache showed it), so a table's rows (dense history) are exact under refreshes too, and a
+    table replays the decoder's rounds exactly whatever the schedule."""
+    from tests.conftest import random_model
+
+    return random_model("llama", layers=1, seed=seed)
+
+
+def random_prompt(n: int = 200) -> list:
+    return torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(0)).tolist()
+
+
+def decoder_rounds(dec, ids, new: int, schedule) -> tuple[list, list]:
+    """The real decoder's rounds (position, accepted, refreshed) and observations under a controller (as
+    :func:`decoded`)."""
+    dec.reset(ids, new)
+    rounds, obs = [], []
+    while not dec.done:
+        obs.append(signals.observe(dec.state))
+        rec = dec.step(refresh_wanted(schedule, dec.state))
+        rounds.append((rec.position, rec.accepted, rec.refreshed))
+    return rounds, obs
+
+
+def test_a_table_of_the_adapted_self_drafter_replays_its_decoder_round_for_round(tmp_path):
+    """The target drafting for itself with a random strong adapter (on in the draft passes, off in the target's):
+    its table replays ``SpeculativeDecoder(target, load_self_drafter(target, dir), layout)``'s greedy rounds exactly,
+    never refreshing and refreshing every 8 tokens, and a controller observes the same signals in both (the read-ahead
+    and drift too, from the prefill's on); the unadapted self-drafter's table replays its own decoder, and the two
+    differ (the adapter was on in the table's draft passes: its dense pass, rows and initial signals). The
+    continuation stays the target's own greedy output (the adapter off in the target's passes), before and after."""
+    from rift_ada.lora import load_self_drafter
+    from rift_ada.models import greedy_reference
+    from rift_ada.replay.build import build_table
+    from tests.test_self_adapter import random_adapter
+
+    target, ids = one_layer_target(), random_prompt()
+    reference = greedy_reference(target, ids, 64)
+    drafter = load_self_drafter(target, random_adapter(target, tmp_path / "adapter", scale=0.1))
+    rounds, headers = {}, {}
+    for name, draft in (("adapter", drafter), ("plain", target)):
+        tab = build_table(target, draft, ids, ADAPTED_LAYOUT, Decoding(4, 0.0), 64)
+        assert tab.tokens.tolist() == reference, name
+        for schedule in (NeverController(), PeriodicController(8)):
+            real, real_obs = decoder_rounds(SpeculativeDecoder(target, draft, ADAPTED_LAYOUT, 4), ids, 64, schedule)
+            rep, rep_obs = replayed(tab, schedule)
+            assert rep == real, (name, type(schedule).__name__)
+            np.testing.assert_allclose(np.array(real_obs), np.array(rep_obs), atol=1e-3)
+        assert any(r for *_, r in real) and any(a for _, a, _ in real)  # refreshed, and accepted drafts
+        rounds[name], headers[name] = real, tab.header
+    assert rounds["adapter"] != rounds["plain"]
+    assert headers["adapter"]["target"] == headers["plain"]["target"]
+    assert headers["adapter"]["draft"].startswith(headers["plain"]["draft"] + "+")
+    assert greedy_reference(target, ids, 64) == reference  # the target's weights as they were
+
+
+def test_tables_with_and_without_the_adapter_are_never_reused_for_each_other(tmp_path):
+    """``Builder(draft_adapter=DIR)`` on a self-drafting pair: a stored table (and a derived one,
+    ``derive_tables``'s ``self`` keys) of the plain self-drafter is rebuilt for the adapter and back, one of the same
+    adapter is kept; the adapter goes in once however often the pair is handed over, another is refused."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from rift_ada.models import ModelPair
+    from rift_ada.replay.build import Builder, TableSpec, build_tables, derive_tables, with_adapter
+    from tests.test_self_adapter import random_adapter
+
+    target = one_layer_target(seed=1)
+    folder = random_adapter(target, tmp_path / "adapter", scale=0.1)
+    other = random_adapter(target, tmp_path / "other", scale=0.1, seed=1)
+    pair = ModelPair(target, target, SimpleNamespace(eos_token_id=None), True)
+    plain = Builder("random", "self", ADAPTED_LAYOUT, Decoding(4, 0.0), 24)
+    adapted = replace(plain, draft_adapter=str(folder))
+    specs, out = [TableSpec("a", tuple(random_prompt()), 0)], tmp_path / "tables"
+
+    def built(builder):
+        path = build_tables(builder, specs, out, pair, progress=False)[0]
+        return ReplayTable.load(path), path.stat().st_mtime_ns
+
+    (t0, m0), (t1, m1) = built(plain), built(adapted)
+    assert m1 != m0 and t1.header["draft"].startswith(t0.header["draft"] + "+") and not np.array_equal(t0.q, t1.q)
+    assert built(adapted)[1] == m1, "a table of the same adapter is kept"
+    t2, m2 = built(plain)
+    assert m2 != m1 and t2.header["draft"] == t0.header["draft"]
+    np.testing.assert_array_equal(t2.q, t0.q)
+    with_pair = with_adapter(pair, folder)
+    assert with_adapter(pair, folder) is not pair and with_adapter(pair, folder).draft is with_pair.draft
+    assert with_adapter(with_pair, str(folder)) is with_pair
+    layouts = {"self-128": CacheLayout("rift", budget=128, refresh_grid=4)}
+    d0 = derive_tables(pair, t0, layouts, out / "a")["self-128"]
+    d1 = derive_tables(with_pair, t1, layouts, out / "a")["self-128"]
+    assert (d0.header["draft"], d1.header["draft"]) == (t0.header["draft"], t1.header["draft"])
+    assert not np.array_equal(d0.q, d1.q)
+    with pytest.raises(ValueError, match="holds .* already") as e:
+        with_adapter(pair, other)
+    assert "\n" not in str(e.value)
+
+
+def test_build_refuses_another_models_adapter_in_one_line(tmp_path):
+    """``python -m rift_ada.replay build --drafter self --draft-adapter DIR``: an adapter trained for another model,
+    or a folder holding none, is one line and exit 2 (the missing folder before any model loads)."""
+    from tests.test_self_adapter import random_adapter
+
+    folder = random_adapter(one_layer_target(), tmp_path / "other")
+    base = [sys.executable, "-m", "rift_ada.replay", "build", "--target", "testbed-lm", "--drafter", "self",
+            "--prompts", "1", "--output-dir", str(tmp_path / "tables"), "--draft-adapter"]
+    for where, says in ((folder, "another base model"), (tmp_path / "none", "holds no LoRA adapter")):
+        res = subprocess.run(base + [str(where)], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        errors = [line for line in res.stderr.splitlines() if "error" in line.lower()]  # beside a loading bar
+        assert res.returncode == 2 and len(errors) == 1 and errors[0].startswith("error: "), res.stderr[-2000:]
+        assert says in errors[0] and res.stderr.strip().splitlines()[-1] == errors[0]
+    assert not (tmp_path / "tables").exists() or not any((tmp_path / "tables").iterdir())

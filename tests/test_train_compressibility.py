@@ -23,7 +23,7 @@ def test_small_run_then_adapter_in_evaluate(tmp_path):
     out = tmp_path / "run"
     res = script(*SMALL, "--output-dir", str(out))
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "| prompts | temperature | policy | budget | AL untrained | AL trained | change |" in res.stdout
+    assert "| AL untrained | AL trained | change [95% over prompts] |" in res.stdout
     results = json.loads((out / "results.json").read_text())
     assert {(r["policy"], r["budget_fraction"]) for r in results["rows"]} == {
         ("full", None), ("rift-stat", 0.25), ("rift-dyn", 0.25)}
@@ -61,5 +61,35 @@ def test_bad_input_is_clear(tmp_path):
                  "--continuation-tokens", "4", "--target", "testbed-lm", "--drafter", "testbed-lm",
                  "--output-dir", str(tmp_path / "layers"))
     assert res.returncode == 2 and "LoRA layers [7]" in res.stderr and "Traceback" not in res.stderr
+    res = script("--budgets", "0.0001", "--output-dir", str(tmp_path))
+    assert res.returncode == 2 and "--budgets 0.0001 keeps 0 of the 2048-token prompts' tokens" in res.stderr
+    res = script("--self", "--target", "testbed-lm", "--drafter", "testbed-lm", "--output-dir", str(tmp_path))
+    assert res.returncode == 2 and "--drafter testbed-lm names another model" in res.stderr  # its paired draft
     res = script("--targets", str(tmp_path / "missing"), "--output-dir", str(tmp_path))
     assert res.returncode == 2 and "no target outputs" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_self_drafter_run_keeps_one_copy_and_decodes_losslessly(tmp_path):
+    """--self: the adapter trains in the target's own weights (the untrained row and the verifier are the target
+    with it off), and the saved adapter drafts for the target in evaluate, greedy output the target's own."""
+    out = tmp_path / "self"
+    assert SMALL[:4] == ["--target", "testbed-lm", "--drafter", "testbed-lm"]
+    args = ["--target", "testbed-lm", "--self", *SMALL[4:], "--lora-layers", "all", "--lr", "5e-3"]
+    res = script(*args, "--output-dir", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    full = [r for r in results["rows"] if r["policy"] == "full"]
+    # The untrained self-drafter with a full cache is the target itself: every draft accepted (greedy, k = 11): the
+    # 15 tokens after the prefill's first in two rounds (12 + 3). A verify with the adapter on would not be lossless.
+    assert [r["al_untrained"] for r in full] == [7.5] and results["curve"]["points"][0]["al_full"] == 7.5
+    assert all(len(r["al_trained_prompts"]) == 1 and r["change_low"] <= r["change_high"] for r in results["rows"])
+    ev = build_parser().parse_args(["--target", "testbed-lm", "--drafter", "self", "--draft-adapter",
+                                    str(out / "adapter"), "--prompts", "1", "--input-tokens", "1024",
+                                    "--max-new-tokens", "24", "--policy", "rift-stat", "--budget", "256"])
+    assert run(ev)["target_greedy_match"] == 1.0
+    ev.lora_merge = True
+    try:
+        run(ev)
+        raise AssertionError("--lora-merge with --drafter self was accepted")
+    except ValueError as e:
+        assert "--lora-merge would fold the adapter into the target itself" in str(e)

@@ -346,17 +346,27 @@ def continuation_logits(model, ids: torch.Tensor, masks: list[torch.Tensor] | No
     return out.logits[0]
 
 
-def sample_loss(model, sample: dict, layout: CacheLayout | None, period: int | None = None,
+HINDSIGHT = "hindsight"  # a sample's selection: the full-cache model's own top keys at each row (compression_gap)
+
+
+def sample_loss(model, sample: dict, layout: CacheLayout | None, period: int | str | None = None,
                 accept_weight: float = 0.0, tv_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
     """One sample: frozen dense scoring pass (adapters off), masks, masked pass (adapters on), acceptance-aware loss.
-    ``layout`` None: a dense sample (the full cache, no selection)."""
+    ``layout`` None: a dense sample (the full cache, no selection). ``period``: None for RIFT-stat's selection, N for
+    RIFT-dyn's every N tokens, or HINDSIGHT for the hindsight selection of ``layout.budget`` keys per row (what
+    reading a compressed cache costs with the best selection there is: ``trainers.compression_gap``)."""
     device = next(model.parameters()).device
     ids = torch.cat([sample["prompt_ids"], sample["continuation_ids"]]).to(device)[None]
     p = len(sample["prompt_ids"])
     masks = None
     if layout is not None:
         with model.disable_adapter():
-            masks = compressed_masks(model, ids, p, layout, period)
+            if period == HINDSIGHT:
+                from rift_ada.trainers.compression_gap import hindsight_masks  # it builds on this module
+
+                masks = hindsight_masks(model, ids, p, layout.budget)
+            else:
+                masks = compressed_masks(model, ids, p, layout, period)
     logits = continuation_logits(model, ids, masks, p)
     return acceptance_loss(logits, sample["topk_ids"].to(device), sample["topk_logprobs"].to(device), accept_weight,
                            tv_weight)
@@ -377,6 +387,28 @@ def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
     return lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
+def option_problem(args, default_drafter: str) -> str | None:
+    """The one-line problem with a training run's budgets, shares and drafter (``--self``), or None."""
+    for name in ("budgets", "eval_budgets"):
+        flag, values = "--" + name.replace("_", "-"), getattr(args, name)
+        if any(not 0 < b <= 1 for b in values):
+            return f"{flag} are fractions of the input in (0, 1]"
+        if small := [b for b in values if round(b * args.input_tokens) < 2]:
+            return (f"{flag} {small[0]:g} keeps {round(small[0] * args.input_tokens)} of the {args.input_tokens}-token "
+                    "prompts' tokens: a RIFT cache holds at least 2 (one selected, one in the window)")
+    for name in ("dense_share", "dyn_share", "hindsight_share"):
+        if not 0 <= getattr(args, name) <= 1:
+            return f"--{name.replace('_', '-')} is a share in [0, 1]"
+    if args.accept_weight < 0 or args.tv_weight < 0:
+        return "--accept-weight and --tv-weight must be >= 0"
+    if getattr(args, "self", False) and args.drafter not in ("self", default_drafter):
+        from rift_ada.models import drafter_model
+
+        if drafter_model(args.drafter) != args.target:
+            return f"--self trains the target as its own drafter; --drafter {args.drafter} names another model"
+    return None
+
+
 # --- the training loop -------------------------------------------------------------------------------------------------
 @dataclass
 class TrainConfig:
@@ -393,14 +425,16 @@ class TrainConfig:
     scorer: str = "snapkv"
     lookahead: int = 64
     dyn_share: float = 0.25  # share of the compressed samples trained with RIFT-dyn re-selection
+    hindsight_share: float = 0.0  # share of the compressed samples trained under the hindsight selection
     period: int = 32
     checkpoint_every: int = 25
     seed: int = 0
 
 
-def draw_sample(cfg: TrainConfig, samples: list[dict], index: int) -> tuple[dict, CacheLayout | None, int | None]:
+def draw_sample(cfg: TrainConfig, samples: list[dict], index: int) -> tuple[dict, CacheLayout | None,
+                                                                            int | str | None]:
     """The sample at global position ``index`` and how it is masked: (sample, layout or None for the full cache,
-    RIFT-dyn period or None), all drawn from (seed, index) alone."""
+    RIFT-dyn period, HINDSIGHT or None for RIFT-stat), all drawn from (seed, index) alone."""
     sample = samples[sample_order(len(samples), cfg.seed, index)]
     rng = random.Random(f"{cfg.seed}/spec/{index}")
     if rng.random() < cfg.dense_share:
@@ -408,6 +442,9 @@ def draw_sample(cfg: TrainConfig, samples: list[dict], index: int) -> tuple[dict
     dyn = rng.random() < cfg.dyn_share
     layout = sample_layout(len(sample["prompt_ids"]), cfg.budgets, rng, cfg.window_fraction, cfg.obs_window,
                            cfg.scorer, cfg.lookahead)
+    # Drawn last and only when asked for, so runs without hindsight samples see the very sequence they saw before.
+    if cfg.hindsight_share and rng.random() < cfg.hindsight_share:
+        return sample, layout, HINDSIGHT
     return sample, layout, cfg.period if dyn else None
 
 
@@ -465,19 +502,25 @@ def train(model, samples: list[dict], cfg: TrainConfig, output_dir: str | Path, 
 
 
 def train_adapter(base, samples: list[dict], cfg: TrainConfig, output_dir: str | Path, rank: int = 8,
-                  modules=None, layers: list[int] | None = None, **train_kw) -> tuple[object, dict]:
+                  modules=None, layers: list[int] | None = None, in_place: bool = False,
+                  **train_kw) -> tuple[object, dict]:
     """A LoRA adapter (``rift_ada.lora.attach``: ``rank``, alpha 2 x rank, ``modules`` or every linear layer,
-    ``layers`` or all) on a copy of ``base``, which stays unadapted (it verifies in self-speculation), trained by
-    :func:`train` (``train_kw``) and saved to ``output_dir/adapter`` with ``base``'s fingerprint (by rank 0).
-    Returns (the adapted model, :func:`train`'s record)."""
+    ``layers`` or all) on a copy of ``base``, trained by :func:`train` (``train_kw``) and saved to
+    ``output_dir/adapter`` with ``base``'s fingerprint (by rank 0). ``in_place``: in ``base``'s own modules, no copy
+    (a self-drafter: the target is the base, and it verifies with the adapter switched off, as
+    ``rift_ada.lora.load_self_drafter`` leaves it; it is switched off here after training). Returns (the adapted
+    model, :func:`train`'s record)."""
     from rift_ada import lora
 
+    fingerprint = lora.fingerprint(base)  # before any LoRA layer goes in
     torch.manual_seed(cfg.seed)  # the adapter's initialisation
-    student = lora.attach(copy.deepcopy(base), rank=rank, alpha=2 * rank,
+    student = lora.attach(base if in_place else copy.deepcopy(base), rank=rank, alpha=2 * rank,
                           target_modules=modules or lora.DEFAULT_TARGET_MODULES, layers=layers)
     trained = train(student, samples, cfg, output_dir, **train_kw)
+    if in_place:
+        lora.AdapterSwitch(student).set(False)  # the base is the target again; decoders switch it on to draft
     if distributed.is_main():
-        lora.save(student, lora.fingerprint(base), Path(output_dir) / "adapter")
+        lora.save(student, fingerprint, Path(output_dir) / "adapter")
     return student, trained
 
 

@@ -1,6 +1,7 @@
 """Replay tables from the command line.
 
     python -m rift_ada.replay build --prompts 8 --source-dir pip --output-dir runs/tables     # a prompt set
+    python -m rift_ada.replay build --drafter self --draft-adapter runs/lora/adapter ...       # a LoRA self-drafter
     torchrun --nproc-per-node 2 -m rift_ada.replay build ...                                  # shared out
     python -m rift_ada.replay show runs/tables/table-000-s0.safetensors                       # what one holds
 
@@ -33,6 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     b.error = p.error
     add_model_options(b, drafter="testbed")
+    b.add_argument("--draft-adapter", default=None, metavar="DIR",
+                   help="a LoRA adapter folder for the drafter; with --drafter self it lives in the target's own "
+                        "weights, on in the draft passes and off in the target's (an external drafter gets a copy "
+                        "with the adapter merged)")
     add_cache_options(b, policy=None, budget=256, refresh_grid=8)
     add_decoding_options(b, max_new_tokens=1024)
     add_task_options(b, prompts=8, input_tokens=1024, task="low,sort,high")
@@ -53,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 def build(args) -> int:
     from .. import distributed
     from ..models import load_pair
-    from .build import Builder, TableSpec, build_tables
+    from .build import Builder, TableSpec, build_tables, with_adapter
 
     apply_runtime(args)
     for name in ("seeds", "workers", "max_new_tokens", "prompts"):
@@ -67,7 +72,12 @@ def build(args) -> int:
         from ..data.sources import source_folder
 
         source_folder(args.source_dir)  # a code base that is not there fails before the models load
+    if args.draft_adapter is not None:
+        from ..lora import check_adapter
+
+        check_adapter(args.draft_adapter)  # a broken adapter folder fails before the models load too
     pair = load_pair(args.target, args.drafter, device=args.device, dtype=args.dtype)
+    pair = with_adapter(pair, args.draft_adapter)  # an adapter of another model is refused here, in one line
     from ..data import encode
 
     prompts = [encode(pair.tokenizer, t.prompt) for t in tasks_from_args(args, pair.tokenizer)]
@@ -75,7 +85,7 @@ def build(args) -> int:
     specs = [TableSpec(f"table-{i:03d}-s{s}", tuple(ids), decoding.seed + s)
              for i, ids in enumerate(prompts) for s in range(seeds)]
     builder = Builder(args.target, args.drafter, layout, decoding, args.max_new_tokens, args.device, args.dtype,
-                      args.threads)
+                      args.threads, args.draft_adapter)
     paths = build_tables(builder, specs, args.output_dir, pair, 1 if distributed.world_size() > 1 else args.workers)
     if distributed.is_main():
         print(f"{len(paths)} tables in {args.output_dir}")

@@ -3,9 +3,11 @@ prompt, resumable, in worker processes or shared out under torchrun)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -17,6 +19,7 @@ from ..architectures import UnsupportedModelError
 from ..cache import RiftCache
 from ..files import atomic_write
 from ..layout import CacheLayout
+from ..lora import AdapterSwitch, shares_weights
 from ..rounds import entropy, sampling_probs, token_probs
 from ..signals import RUNWAY_CAP
 from ..speculative import Decoding
@@ -116,7 +119,7 @@ def build_table(target, draft, prompt_ids: Sequence[int], layout: CacheLayout, d
     p = target_probs(target, ids, P, decoding) if p is None else torch.as_tensor(p, device=device).float()
     seconds["target_p"] = time.perf_counter() - t0
     return _draft_table(draft, ids, P, p, layout, decoding, max_new_tokens, eos_token_id,
-                        {"target": fingerprint(target), "target_name": names[0], "draft_name": names[1]},
+                        {"target": model_fingerprint(target), "target_name": names[0], "draft_name": names[1]},
                         seconds, rows_per_batch, progress)
 
 
@@ -157,7 +160,9 @@ def _draft_table(draft, ids, P, p, layout, decoding, max_new_tokens, eos_token_i
     grid, N = layout.refresh_grid, ids.shape[1] - P
     x = ids[0, P:]
     t0 = time.perf_counter()
-    dense = dense_pass(draft, ids) if dense is None else dense
+    if dense is None:
+        with drafting(draft):
+            dense = dense_pass(draft, ids)
     full_logits = dense.logits[P - 1:P - 1 + N]
     full_probs = sampling_probs(full_logits, decoding.temperature, decoding.top_k, decoding.top_p)
     full_q = ((full_logits.argmax(-1) == x).float() if full_probs is None
@@ -166,20 +171,20 @@ def _draft_table(draft, ids, P, p, layout, decoding, max_new_tokens, eos_token_i
     sel = selections(dense, starts, layout)
     seconds["dense"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    rows = RowPass(draft, ids, P, layout, dense, decoding.temperature, decoding.top_k, decoding.top_p)
     R = len(starts)
     out = {name: np.full((R, N), np.nan, dtype=np.float32) for name in ("q", "entropy", "focus", "runway", "drift")}
-    groups = range(0, R, rows_per_batch)
-    for g0 in tqdm(groups, desc="table rows", leave=False, disable=not progress):
-        part = slice(g0, min(g0 + rows_per_batch, R))
-        vals = rows.run(starts[part], [s[part] for s in sel])
-        for name, v in (("q", vals.q), ("entropy", vals.entropy), ("focus", vals.focus),
-                        ("runway", vals.runway), ("drift", vals.drift)):
-            out[name][part] = v
+    with folded(draft):  # RowPass reads the draft's weights (not its forwards): an adapter folded into them
+        rows = RowPass(draft, ids, P, layout, dense, decoding.temperature, decoding.top_k, decoding.top_p)
+        for g0 in tqdm(range(0, R, rows_per_batch), desc="table rows", leave=False, disable=not progress):
+            part = slice(g0, min(g0 + rows_per_batch, R))
+            vals = rows.run(starts[part], [s[part] for s in sel])
+            for name, v in (("q", vals.q), ("entropy", vals.entropy), ("focus", vals.focus),
+                            ("runway", vals.runway), ("drift", vals.drift)):
+                out[name][part] = v
     seconds["rows"] = time.perf_counter() - t0
     prompt_ids = ids[0, :P].tolist()
     header = {
-        "format": FORMAT, **names, "draft": fingerprint(draft), "layout": layout_dict(layout),
+        "format": FORMAT, **names, "draft": draft_fingerprint(draft), "layout": layout_dict(layout),
         "temperature": float(decoding.temperature), "top_k": int(decoding.top_k), "top_p": float(decoding.top_p),
         "seed": int(decoding.seed), "grid": grid, "max_new_tokens": int(max_new_tokens), "eos_token_id": eos_token_id,
         "vocab_size": draft.config.vocab_size, "prompt_sha": prompt_sha(prompt_ids),
@@ -193,10 +198,11 @@ def _draft_table(draft, ids, P, p, layout, decoding, max_new_tokens, eos_token_i
 
 def derive_tables(pair, base: ReplayTable, layouts: dict, stem: Path) -> dict:
     """Tables of ``base``'s prompt and continuation under each of ``layouts`` (key -> layout; keys starting with
-    ``self`` for the target drafting for itself, ``pair.target``, the others for ``pair.draft``), each in
-    ``<stem>.<key>.safetensors``: kept if already there for the same prompt, continuation and layout, else built
-    (:func:`derive_table`; :func:`rift_ada.replay.fixed.fixed_table` for layouts that never refresh), one dense
-    pass per model shared by its tables."""
+    ``self`` for the target drafting for itself: ``pair.target``, or ``pair.draft`` when that is a self-drafter with
+    an adapter (:func:`with_adapter`); the others for ``pair.draft``), each in ``<stem>.<key>.safetensors``: kept if
+    already there for the same prompt, continuation, draft and layout, else built (:func:`derive_table`;
+    :func:`rift_ada.replay.fixed.fixed_table` for layouts that never refresh), one dense pass per model shared by its
+    tables."""
     from tqdm.auto import tqdm
 
     from .fixed import fixed_table
@@ -204,32 +210,160 @@ def derive_tables(pair, base: ReplayTable, layouts: dict, stem: Path) -> dict:
     out, dense = {}, {}
     for key in tqdm(layouts, desc=f"derived tables of {stem.name}", leave=False):
         path, layout = derived_path(stem, key), layouts[key]
-        expected = {"layout": layout_dict(layout), **{k: base.header[k] for k in ("target", "temperature", "seed",
-                                                                                "prompt_sha")}}
+        name = "self" if key.startswith("self") else "draft"
+        model = pair.draft if name == "draft" or shares_weights(pair.draft, pair.target) else pair.target
+        expected = {"layout": layout_dict(layout), "draft": draft_fingerprint(model),
+                    **{k: base.header[k] for k in ("target", "temperature", "seed", "prompt_sha")}}
         t = stored(path, expected)
         if t is not None and (t.tokens == base.tokens).all():
             out[key] = t
             continue
-        name = "self" if key.startswith("self") else "draft"
-        model = pair.target if name == "self" else pair.draft
         if name not in dense:
             ids = torch.tensor([base.prompt.tolist() + base.tokens.tolist()], device=model.device)
-            dense = {name: dense_pass(model, ids)}  # one model's pass kept at a time
-        out[key] = (fixed_table(model, base, layout, dense[name]) if layout.kind != "rift"
-                    else derive_table(model, base, layout, name, dense[name]))
+            with drafting(model):
+                dense = {name: dense_pass(model, ids)}  # one model's pass kept at a time
+        if layout.kind != "rift":
+            with folded(model):  # fixed_table's rows read the weights (dense is given: no forward in it)
+                out[key] = fixed_table(model, base, layout, dense[name])
+            out[key].header["draft"] = draft_fingerprint(model)  # base's header names base's draft
+        else:
+            out[key] = derive_table(model, base, layout, name, dense[name])
         out[key].save(path)
     return out
 
 
 def initial_signals(draft, prompt: torch.Tensor, layout: CacheLayout) -> dict:
     """The read-ahead and drift signals right after the prefill, computed as the decoder computes them (the draft's
-    own prefill and compression: ``SpeculativeDecoder.reset``)."""
+    own prefill and compression: ``SpeculativeDecoder.reset``; a self-drafter's adapter on)."""
     cache = RiftCache.for_config(draft.config, layout)
     pos = torch.arange(prompt.shape[1], device=prompt.device)[None]
-    draft(prompt, cache=cache, position_ids=pos, rift_observer=cache, logits_to_keep=1)
+    with drafting(draft):
+        draft(prompt, cache=cache, position_ids=pos, rift_observer=cache, logits_to_keep=1)
     cache.compress()
     runway, focus = cache.read_ahead(RUNWAY_CAP)
     return {"runway": runway, "focus": focus, "drift": cache.query_drift()}
+
+
+# --- a draft with a LoRA adapter --------------------------------------------------------------------------------------
+def tuner_layers(model) -> list:
+    """The LoRA (peft tuner) layers inside ``model``: a peft model's, or those a self-drafter put into its target."""
+    return AdapterSwitch(model).layers
+
+
+@contextlib.contextmanager
+def drafting(draft):
+    """The body's forwards of ``draft`` as it drafts: a self-drafter's adapter (off at rest,
+    ``rift_ada.lora.load_self_drafter``) switched on, and off again after; any other model as it is."""
+    layers = tuner_layers(draft) if hasattr(draft, "get_base_model") else []
+    if any(layer.disable_adapters for layer in layers):
+        with AdapterSwitch(draft).on():
+            yield
+    else:
+        yield
+
+
+@contextlib.contextmanager
+def folded(draft):
+    """For the body, each LoRA layer of a peft ``draft`` has its base weight plus its adapter's delta as its weight
+    (a new tensor; the base weights themselves are untouched and put back after, whatever happens inside).
+    ``RowPass`` reads a draft's linear weights rather than running its forwards, which would leave the adapter out.
+    Run no forward of the model in the body: a switched-on adapter would count twice."""
+    held = []
+    try:
+        for layer in tuner_layers(draft) if hasattr(draft, "get_base_model") else []:
+            if layer.merged or not layer.active_adapters:
+                continue
+            base = layer.get_base_layer()
+            delta = sum(layer.get_delta_weight(a) for a in layer.active_adapters)
+            held.append((base, base.weight))
+            base.weight = torch.nn.Parameter(base.weight.detach() + delta, requires_grad=False)
+        yield
+    finally:
+        for base, weight in reversed(held):
+            base.weight = weight
+
+
+def model_fingerprint(model) -> str:
+    """``table.fingerprint`` of ``model`` as its forward computes at rest: a target holding a self-drafter's LoRA
+    layers (switched off) is fingerprinted on its base weights alone, the same as before the adapter went in."""
+    if not tuner_layers(model) or hasattr(model, "get_base_model"):
+        return fingerprint(model)
+    if model not in _BASE_FINGERPRINTS:
+        _BASE_FINGERPRINTS[model] = fingerprint(_BaseWeights(model))
+    return _BASE_FINGERPRINTS[model]
+
+
+def draft_fingerprint(draft) -> str:
+    """The draft's fingerprint in a table header: a peft model's is its base model's and its adapter's (the sha256 of
+    the LoRA weights and scalings, ``<base>+<adapter>``), so a table of the adapted draft never passes for one of
+    the plain model, nor of another adapter."""
+    if not hasattr(draft, "get_base_model"):
+        return model_fingerprint(draft)
+    if draft not in _BASE_FINGERPRINTS:
+        h = hashlib.sha256()
+        for name, t in sorted(draft.state_dict().items()):
+            if "lora_" in name:
+                h.update(f"{name} {tuple(t.shape)} {t.dtype}".encode())
+                h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        for name, module in draft.named_modules():
+            if hasattr(module, "scaling") and hasattr(module, "active_adapters"):
+                h.update(json.dumps([name, module.active_adapters, module.scaling], sort_keys=True).encode())
+        _BASE_FINGERPRINTS[draft] = f"{model_fingerprint(draft.get_base_model())}+{h.hexdigest()[:16]}"
+    return _BASE_FINGERPRINTS[draft]
+
+
+class _BaseWeights:
+    """A model's config and its state dict without LoRA layers (each ``<layer>.base_layer.<w>`` as ``<layer>.<w>``,
+    its adapter's entries left out): what ``table.fingerprint`` hashes of the model the layers went into."""
+
+    def __init__(self, model):
+        self.config, self.model = model.config, model
+
+    def state_dict(self) -> dict:
+        layers = set(tuner_layers(self.model))
+        names = [n for n, m in self.model.named_modules() if m in layers]
+        out = {}
+        for key, t in self.model.state_dict().items():
+            owner = next((n for n in names if key.startswith(n + ".")), None)
+            if owner is None:
+                out[key] = t
+            elif key.startswith(owner + ".base_layer."):
+                out[owner + key[len(owner) + len(".base_layer"):]] = t
+        return out
+
+
+_BASE_FINGERPRINTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # hashing a model takes a while: once
+
+
+def with_adapter(pair, folder: str | None):
+    """``pair`` (``rift_ada.models.ModelPair``) with its draft adapted by the LoRA adapter in ``folder`` (None: the
+    pair as it is). The target drafting for itself gets a self-drafter (``rift_ada.lora.load_self_drafter``: the
+    adapter inside the target's own modules, on in the draft passes alone), an external draft a copy with the
+    adapter merged into it (``rift_ada.lora.load_drafter``). Idempotent: the same adapted pair again for the same
+    models and folder. Refused in one line: an adapter of another base, a model holding another adapter already."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from ..lora import load_drafter, load_self_drafter
+
+    if folder is None:
+        return pair
+    where = str(Path(folder).resolve())
+    held = _ADAPTED.get(pair.draft)
+    if held is None and (tuner_layers(pair.draft) or hasattr(pair.draft, "get_base_model")):
+        held = ("another adapter", None)  # adapted elsewhere: which adapter it holds is not known here
+    if held is not None and held[0] != where:
+        raise ValueError(f"the draft holds {held[0]} already, not the adapter {folder}: load the models again")
+    if held is None:
+        draft = (load_self_drafter(pair.target, folder) if pair.draft is pair.target
+                 else load_drafter(pair.draft, folder, merge=True))
+        held = _ADAPTED[pair.draft] = _ADAPTED[draft] = (where, draft)
+    return pair if held[1] is pair.draft else replace(pair, draft=held[1])
+
+
+# model (as given, and as adapted) -> (adapter folder, adapted draft). An adapted draft holds its model, so an entry
+# keeps both loaded for the process's life (like rift_ada.hf's self-drafters): one adapter per model, loaded once.
+_ADAPTED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 # --- a prompt set ------------------------------------------------------------------------------------------------------
@@ -254,11 +388,12 @@ class Builder:
     device: str = "cpu"
     dtype: str | None = None
     threads: int = 1
+    draft_adapter: str | None = None  # a LoRA adapter folder for the draft (:func:`with_adapter`)
 
     def expected(self, pair, spec: TableSpec) -> dict:
         """The header fields a table of ``spec`` built by this builder holds (a stored one is reused only if they
         match)."""
-        return {"target": fingerprint(pair.target), "draft": fingerprint(pair.draft),
+        return {"target": model_fingerprint(pair.target), "draft": draft_fingerprint(pair.draft),
                 "layout": layout_dict(self.layout), "temperature": float(self.decoding.temperature),
                 "top_k": int(self.decoding.top_k), "top_p": float(self.decoding.top_p), "seed": int(spec.seed),
                 "grid": self.layout.refresh_grid, "max_new_tokens": int(self.max_new_tokens),
@@ -316,7 +451,7 @@ def build_tables(builder: Builder, specs: Sequence[TableSpec], folder, pair=None
     process: ``workers`` processes here (each loading the pair once), or shared out strided under torchrun (after
     ``rift_ada.distributed.init``; every process returns every path once all are written). ``pair``: the loaded
     models, for building in this process and for checking stored tables (loaded from the builder's names if
-    None)."""
+    None; the builder's ``draft_adapter`` applied to it either way, :func:`with_adapter`)."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
     import multiprocessing
 
@@ -326,8 +461,7 @@ def build_tables(builder: Builder, specs: Sequence[TableSpec], folder, pair=None
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    if pair is None:
-        pair = _worker_pair(builder)
+    pair = _worker_pair(builder) if pair is None else with_adapter(pair, builder.draft_adapter)
     paths = [folder / f"{s.name}.safetensors" for s in specs]
     todo = [i for i, (s, p) in enumerate(zip(specs, paths)) if not stored(p, builder.expected(pair, s))]
     todo = distributed.broadcast(todo)  # rank 0's view, before any process writes: every table built exactly once
@@ -357,7 +491,8 @@ _PAIR = None
 def _worker_pair(builder: Builder):
     from ..models import load_pair
 
-    return load_pair(builder.target, builder.drafter, device=builder.device, dtype=builder.dtype)
+    pair = load_pair(builder.target, builder.drafter, device=builder.device, dtype=builder.dtype)
+    return with_adapter(pair, builder.draft_adapter)
 
 
 def _start(builder: Builder) -> None:

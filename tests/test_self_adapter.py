@@ -123,6 +123,7 @@ def test_generate_loads_the_adapter_once_by_folder(tmp_path):
         assert target.generate(ids, rift_draft_adapter=str(folder), **kw)[0, len(prompt):].tolist() == reference
     assert len(lora.AdapterSwitch(target).layers) == 2 * 7  # 7 adapted linear layers x 2 layers: loaded once
     with pytest.raises(ValueError, match="already holds the adapter"):
-        target.generate(ids, rift_draft_adapter=str(random_adapter(target, tmp_path / "b", seed=1)), **kw)
+        twin = random_model("llama", seed=0)  # the target's very weights, without the LoRA layers it now holds
+        target.generate(ids, rift_draft_adapter=str(random_adapter(twin, tmp_path / "b", seed=1)), **kw)
     with pytest.raises(ValueError, match="for the target drafting for itself"):
         target.generate(ids, rift_draft_adapter=str(folder), rift_draft=random_model("llama", seed=1), **kw)

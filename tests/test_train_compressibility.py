@@ -61,10 +61,6 @@ def test_bad_input_is_clear(tmp_path):
                  "--continuation-tokens", "4", "--target", "testbed-lm", "--drafter", "testbed-lm",
                  "--output-dir", str(tmp_path / "layers"))
     assert res.returncode == 2 and "LoRA layers [7]" in res.stderr and "Traceback" not in res.stderr
-    res = script("--budgets", "0.0001", "--output-dir", str(tmp_path))
-    assert res.returncode == 2 and "--budgets 0.0001 keeps 0 of the 2048-token prompts' tokens" in res.stderr
-    res = script("--self", "--target", "testbed-lm", "--drafter", "testbed-lm", "--output-dir", str(tmp_path))
-    assert res.returncode == 2 and "--drafter testbed-lm names another model" in res.stderr  # its paired draft
     res = script("--targets", str(tmp_path / "missing"), "--output-dir", str(tmp_path))
     assert res.returncode == 2 and "no target outputs" in res.stderr and "Traceback" not in res.stderr
 
@@ -93,3 +89,25 @@ def test_self_drafter_run_keeps_one_copy_and_decodes_losslessly(tmp_path):
         raise AssertionError("--lora-merge with --drafter self was accepted")
     except ValueError as e:
         assert "--lora-merge would fold the adapter into the target itself" in str(e)
+
+
+def test_budget_and_self_options_are_checked_in_one_line():
+    """What the script refuses (exit 2, through argparse's error: the subprocess cases above show the path)."""
+    import argparse
+
+    from rift_ada.trainers.compressibility import option_problem
+
+    ok = dict(budgets=[0.125], eval_budgets=[0.25], input_tokens=2048, dense_share=0.25, dyn_share=0.25,
+              hindsight_share=0.0, accept_weight=4.0, tv_weight=1.0, target="testbed-lm", drafter="testbed")
+    def check(**kw):
+        args = argparse.Namespace()
+        for key, value in {**ok, **kw}.items():  # setattr: "self" cannot be a keyword of Namespace()
+            setattr(args, key, value)
+        return option_problem(args, "testbed")
+
+    assert check() is None and check(self=True) is None and check(self=True, drafter="self") is None
+    assert check(budgets=[0.0001]) == ("--budgets 0.0001 keeps 0 of the 2048-token prompts' tokens: a RIFT cache "
+                                       "holds at least 2 (one selected, one in the window)")
+    assert check(self=True, drafter="testbed-lm") == ("--self trains the target as its own drafter; --drafter "
+                                                      "testbed-lm names another model")  # testbed-lm-draft
+    assert check(hindsight_share=1.5) == "--hindsight-share is a share in [0, 1]"

@@ -87,8 +87,6 @@ def main(argv=None) -> int:
 
 
 def _main(args) -> int:
-    import tempfile
-
     from rift_ada import lora
     from rift_ada.attention import use_rift_attention
     from rift_ada.data import encode_prompts
@@ -98,16 +96,7 @@ def _main(args) -> int:
     tokenizer = load_tokenizer(resolve(args.target))
     target = load_model(resolve(args.target), dtype=args.dtype, device=args.device)
     prompts = encode_prompts(tokenizer, tasks_from_args(args, tokenizer))
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = args.targets_dir or tmp
-        try:
-            _, samples = C.load_target_outputs(folder, vocab_size=target.config.vocab_size)
-            if [s["prompt_ids"].tolist() for s in samples] != prompts or \
-                    len(samples[0]["continuation_ids"]) != args.new_tokens:
-                raise ValueError(f"{folder} holds the target outputs of other prompts: delete it or choose another")
-        except FileNotFoundError:
-            C.build_target_outputs(target, prompts, args.new_tokens, folder, target_name=args.target)
-            _, samples = C.load_target_outputs(folder)
+    samples = C.prompt_outputs(target, prompts, args.new_tokens, args.target, args.targets_dir)
     rows = []
     for i, name in enumerate(args.models):
         model = target if resolve(name) == resolve(args.target) else load_model(resolve(name), dtype=args.dtype,

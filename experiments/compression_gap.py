@@ -63,35 +63,17 @@ def main(argv=None) -> int:
         return fail(e)
 
 
-def target_samples(args, target, prompts: list[list[int]]) -> list[dict]:
-    """The target's greedy continuations and top-k log-probabilities: from --targets-dir, or built (and kept there)."""
-    import tempfile
-
-    from rift_ada.trainers import compressibility as C
-
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = args.targets_dir or tmp
-        try:
-            _, samples = C.load_target_outputs(folder, vocab_size=target.config.vocab_size)
-            if [s["prompt_ids"].tolist() for s in samples] != prompts or \
-                    len(samples[0]["continuation_ids"]) != args.new_tokens:
-                raise ValueError(f"{folder} holds the target outputs of other prompts: delete it or choose another")
-        except FileNotFoundError:
-            C.build_target_outputs(target, prompts, args.new_tokens, folder, target_name=args.target)
-            _, samples = C.load_target_outputs(folder)
-    return samples
-
-
 def _main(args) -> int:
     from rift_ada import lora
     from rift_ada.data import encode_prompts
     from rift_ada.models import load_model, load_tokenizer, resolve
+    from rift_ada.trainers import compressibility as C
     from rift_ada.trainers import compression_gap as G
 
     tokenizer = load_tokenizer(resolve(args.target))
     target = load_model(resolve(args.target), dtype=args.dtype, device=args.device)
     prompts = encode_prompts(tokenizer, tasks_from_args(args, tokenizer))
-    samples = target_samples(args, target, prompts)
+    samples = C.prompt_outputs(target, prompts, args.new_tokens, args.target, args.targets_dir)
     drafters = [(args.target, target)]
     if args.lora:
         drafters.append((f"{args.target} + {args.lora}", lora.load_drafter(target, args.lora, merge=True)))

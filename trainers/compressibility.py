@@ -152,6 +152,27 @@ def load_target_outputs(folder: str | Path, vocab_size: int | None = None) -> tu
     return meta, samples
 
 
+def prompt_outputs(target, prompts: list[list[int]], new_tokens: int, target_name: str,
+                   folder: str | Path | None = None) -> list[dict]:
+    """The target's outputs (greedy continuations of ``new_tokens`` and top-k log-probabilities) for exactly these
+    ``prompts``: read from ``folder`` when it holds them (ValueError if it holds other prompts' or lengths'), else
+    built there; ``folder`` None: built in a temporary folder and kept in memory only. The held-out studies' store
+    (``experiments/compressed_agreement.py``, ``experiments/compression_gap.py``)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        where = folder or tmp
+        try:
+            _, samples = load_target_outputs(where, vocab_size=target.config.vocab_size)
+            if [s["prompt_ids"].tolist() for s in samples] != prompts or \
+                    len(samples[0]["continuation_ids"]) != new_tokens:
+                raise ValueError(f"{where} holds the target outputs of other prompts: delete it or choose another")
+        except FileNotFoundError:
+            build_target_outputs(target, prompts, new_tokens, where, target_name=target_name)
+            _, samples = load_target_outputs(where)
+    return samples
+
+
 def training_tasks(tokenizer, n: int, input_tokens: int, seed: int,
                    families: tuple[str, ...] = TRAIN_FAMILIES) -> list:
     """The training prompts: the task ``families`` (default every format the evaluation asks for, interleaved so
